@@ -1,0 +1,112 @@
+//! A receipt (contracts section 3): one decision the harness made or watched, normalised from
+//! either the contract's record shape or keel's `DecisionEvent`.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: String,
+    /// RFC 3339 time of the decision.
+    pub at: String,
+    pub point: String,
+    /// Which selector made the pick, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Exactly what was offered (candidate ids).
+    pub candidates: Vec<String>,
+    pub result: ReceiptResult,
+    pub validation: Validation,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<Fallback>,
+    /// Absent while the outcome is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Shadow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ReceiptResult {
+    Pick { id: String, confidence: f64 },
+    Abstain,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Validation {
+    #[serde(rename = "accepted")]
+    Accepted,
+    #[serde(rename = "rejected-out-of-set")]
+    RejectedOutOfSet,
+    #[serde(rename = "rejected-stale")]
+    RejectedStale,
+    /// keel's `expired`.
+    #[serde(rename = "rejected-expired")]
+    RejectedExpired,
+    /// keel's `unauthorized`.
+    #[serde(rename = "rejected-unauthorized")]
+    RejectedUnauthorized,
+}
+
+impl Validation {
+    pub const ALL: [Validation; 5] = [
+        Validation::Accepted,
+        Validation::RejectedOutOfSet,
+        Validation::RejectedStale,
+        Validation::RejectedExpired,
+        Validation::RejectedUnauthorized,
+    ];
+
+    /// The contract's spelling (`accepted`, `rejected-stale`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Validation::Accepted => "accepted",
+            Validation::RejectedOutOfSet => "rejected-out-of-set",
+            Validation::RejectedStale => "rejected-stale",
+            Validation::RejectedExpired => "rejected-expired",
+            Validation::RejectedUnauthorized => "rejected-unauthorized",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Validation> {
+        Validation::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fallback {
+    pub used: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub status: OutcomeStatus,
+    #[serde(rename = "durationMs", default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutcomeStatus {
+    Success,
+    Failure,
+    Abandoned,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shadow {
+    pub reference: String,
+}
+
+impl Receipt {
+    /// True when a fallback ran for this decision.
+    pub fn fallback_used(&self) -> bool {
+        self.fallback.as_ref().is_some_and(|f| f.used)
+    }
+}
