@@ -23,6 +23,12 @@ pub struct Receipt {
     pub outcome: Option<Outcome>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<Shadow>,
+    /// The free-text outcome the harness wrote (keel's `observedOutcome`), kept as written.
+    /// When the configured patterns recognise it, `outcome` holds the mapped status; when they
+    /// do not, `outcome` stays `None` and the record counts as observed but unjudged
+    /// (`unknown`), not as pending.
+    #[serde(rename = "observedOutcome", default, skip_serializing_if = "Option::is_none")]
+    pub observed_outcome: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,5 +114,29 @@ impl Receipt {
     /// True when a fallback ran for this decision.
     pub fn fallback_used(&self) -> bool {
         self.fallback.as_ref().is_some_and(|f| f.used)
+    }
+
+    /// The pick's candidate id and confidence, `None` for an abstention.
+    pub fn pick(&self) -> Option<(&str, f64)> {
+        match &self.result {
+            ReceiptResult::Pick { id, confidence } => Some((id, *confidence)),
+            ReceiptResult::Abstain => None,
+        }
+    }
+}
+
+impl OutcomeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeStatus::Success => "success",
+            OutcomeStatus::Failure => "failure",
+            OutcomeStatus::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<OutcomeStatus> {
+        [OutcomeStatus::Success, OutcomeStatus::Failure, OutcomeStatus::Abandoned]
+            .into_iter()
+            .find(|v| v.as_str() == s)
     }
 }

@@ -1,0 +1,413 @@
+//! One JSON Lines receipt, in either shape, detected per line:
+//!
+//! * the contract's harness record (section 3): it has a `point` key;
+//! * keel's `DecisionEvent`: it has a `stage` key (and `createdAt`, `schemaVersion`).
+//!
+//! Every field is parsed on its own so that an error names the field. Keys we do not know are
+//! ignored (a field may be added to either shape); a JSON `null` counts as absent.
+//!
+//! Decisions where keel's format is ambiguous:
+//! * Confidence of a keel pick: `selectedProbability` (the selector's probability for the
+//!   candidate it selected, the quantity a calibrated model's threshold applies to) when present,
+//!   else `confidence`. Both, when present, must lie in [0, 1]. A `selected` result with neither
+//!   is a bad record: without a confidence it cannot be bucketed, and guessing one would bias
+//!   the fit.
+//! * `fallback` is a reason string: present (non-null) means a fallback was used, with that
+//!   reason; keel does not record where it fell back to (`to` stays empty).
+//! * `backend` (laya / jev / host) becomes `model`. `taskRevision`, `schemaVersion` and `fit`
+//!   are accepted and not kept.
+//! * `createdAt` (integer epoch milliseconds) becomes `at` in RFC 3339, UTC, millisecond precision.
+//!
+//! In both shapes a pick whose id was not offered is a bad record, except when the host itself
+//! rejected it as out of set (`rejected-out-of-set`, keel's `rejected`): that record is
+//! consistent, and it is what the rejection rate counts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+
+use super::{OutcomePatterns, Shape};
+pub(super) use crate::states_io::FieldError;
+use crate::states_io::BadRow;
+use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
+
+/// Every key either shape may carry, unparsed.
+#[derive(Deserialize)]
+struct RawLine<'a> {
+    // shared
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    candidates: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    validation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    fallback: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "observedOutcome")]
+    observed_outcome: Option<&'a RawValue>,
+    // contract
+    #[serde(borrow, default)]
+    at: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    point: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    outcome: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    shadow: Option<&'a RawValue>,
+    // keel
+    #[serde(borrow, default)]
+    stage: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    backend: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    confidence: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "selectedProbability")]
+    selected_probability: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "createdAt")]
+    created_at: Option<&'a RawValue>,
+}
+
+fn err<T>(field: &str, reason: impl Into<String>) -> Result<T, FieldError> {
+    Err(FieldError { field: field.to_string(), reason: reason.into() })
+}
+
+/// A JSON `null` counts as absent.
+fn present(raw: Option<&RawValue>) -> Option<&RawValue> {
+    raw.filter(|r| r.get().trim() != "null")
+}
+
+fn opt<T: DeserializeOwned>(raw: Option<&RawValue>, field: &str, what: &str) -> Result<Option<T>, FieldError> {
+    match present(raw) {
+        None => Ok(None),
+        Some(r) => match serde_json::from_str::<T>(r.get()) {
+            Ok(v) => Ok(Some(v)),
+            Err(_) => err(field, format!("expected {what}, found {}", preview(r.get()))),
+        },
+    }
+}
+
+fn req<T: DeserializeOwned>(raw: Option<&RawValue>, field: &str, what: &str) -> Result<T, FieldError> {
+    match opt(raw, field, what)? {
+        Some(v) => Ok(v),
+        None => err(field, "missing"),
+    }
+}
+
+fn preview(s: &str) -> String {
+    let s = s.trim();
+    if s.chars().count() > 40 { format!("{}…", s.chars().take(40).collect::<String>()) } else { s.to_string() }
+}
+
+fn non_empty(s: String, field: &str) -> Result<String, FieldError> {
+    if s.is_empty() { err(field, "empty") } else { Ok(s) }
+}
+
+fn probability(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, FieldError> {
+    let v: Option<f64> = opt(raw, field, "a number")?;
+    if let Some(c) = v
+        && !(c.is_finite() && (0.0..=1.0).contains(&c))
+    {
+        return err(field, format!("{c} is outside [0, 1]"));
+    }
+    Ok(v)
+}
+
+/// `[a-z][a-z0-9_]*`, as contracts section 1 names decision points.
+pub(super) fn valid_point(p: &str) -> bool {
+    let mut b = p.bytes();
+    matches!(b.next(), Some(b'a'..=b'z')) && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+}
+
+/// A pick must name an offered candidate unless the host rejected it as out of set.
+pub(super) fn check_pick_offered(r: &Receipt, field: &str) -> Result<(), FieldError> {
+    if let ReceiptResult::Pick { id, .. } = &r.result
+        && r.validation != Validation::RejectedOutOfSet
+        && !r.candidates.iter().any(|c| c == id)
+    {
+        return err(
+            field,
+            format!("picked {id:?}, which was not offered, yet validation is {}", r.validation.as_str()),
+        );
+    }
+    Ok(())
+}
+
+fn map_observed(text: Option<String>, outcome: Option<Outcome>, patterns: &OutcomePatterns) -> Option<Outcome> {
+    outcome.or_else(|| {
+        let status = patterns.classify(text.as_deref()?)?;
+        Some(Outcome { status, duration_ms: None, retries: None })
+    })
+}
+
+/// Parse one line (without its newline). Blank lines are the caller's business.
+pub(super) fn parse_line(line: &[u8], patterns: &OutcomePatterns) -> Result<(Receipt, Shape), FieldError> {
+    let raw: RawLine<'_> = match serde_json::from_slice(line) {
+        Ok(r) => r,
+        Err(e) if e.is_data() => return err("(line)", format!("not a JSON object: {e}")),
+        Err(e) => return err("(line)", format!("unparsable JSON: {e}")),
+    };
+    if present(raw.point).is_some() {
+        Ok((contract(&raw, patterns)?, Shape::Contract))
+    } else if present(raw.stage).is_some() || present(raw.created_at).is_some() {
+        Ok((keel(&raw, patterns)?, Shape::Keel))
+    } else {
+        err("point", "missing (neither the contract's `point` nor keel's `stage` is present)")
+    }
+}
+
+#[derive(Deserialize)]
+struct ContractResult<'a> {
+    #[serde(borrow, default)]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    confidence: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ContractFallback<'a> {
+    #[serde(borrow, default)]
+    used: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    to: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reason: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ContractOutcome<'a> {
+    #[serde(borrow, default)]
+    status: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "durationMs")]
+    duration_ms: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    retries: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ContractShadow<'a> {
+    #[serde(borrow, default)]
+    reference: Option<&'a RawValue>,
+}
+
+fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue, field: &str) -> Result<T, FieldError> {
+    serde_json::from_str(raw.get()).or_else(|_| err(field, format!("expected an object, found {}", preview(raw.get()))))
+}
+
+fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldError> {
+    let id = non_empty(req(raw.id, "id", "a string")?, "id")?;
+    let at: String = req(raw.at, "at", "a string")?;
+    if DateTime::parse_from_rfc3339(&at).is_err() {
+        return err("at", format!("{at:?} is not an RFC 3339 time"));
+    }
+    let point: String = req(raw.point, "point", "a string")?;
+    if !valid_point(&point) {
+        return err("point", format!("{point:?} does not match [a-z][a-z0-9_]*"));
+    }
+    let model: Option<String> = opt(raw.model, "model", "a string")?;
+    let candidates: Vec<String> = req(raw.candidates, "candidates", "a list of candidate ids")?;
+
+    let Some(result_raw) = present(raw.result) else { return err("result", "missing") };
+    let res: ContractResult<'_> = object(result_raw, "result")?;
+    let kind: String = req(res.kind, "result.kind", "a string")?;
+    let result = match kind.as_str() {
+        "pick" => {
+            let id: String = req(res.id, "result.id", "a string")?;
+            let Some(confidence) = probability(res.confidence, "result.confidence")? else {
+                return err("result.confidence", "missing");
+            };
+            ReceiptResult::Pick { id, confidence }
+        }
+        "abstain" => ReceiptResult::Abstain,
+        other => return err("result.kind", format!("unknown value {other:?} (expected pick or abstain)")),
+    };
+
+    let validation_s: String = req(raw.validation, "validation", "a string")?;
+    let Some(validation) = Validation::parse(&validation_s) else {
+        return err("validation", format!("unknown value {validation_s:?}"));
+    };
+
+    let fallback = match present(raw.fallback) {
+        None => None,
+        Some(f) => {
+            let f: ContractFallback<'_> = object(f, "fallback")?;
+            Some(Fallback {
+                used: req(f.used, "fallback.used", "true or false")?,
+                to: opt(f.to, "fallback.to", "a string")?,
+                reason: opt(f.reason, "fallback.reason", "a string")?,
+            })
+        }
+    };
+
+    let outcome = match present(raw.outcome) {
+        None => None,
+        Some(o) => {
+            let o: ContractOutcome<'_> = object(o, "outcome")?;
+            let s: String = req(o.status, "outcome.status", "a string")?;
+            let Some(status) = OutcomeStatus::parse(&s) else {
+                return err("outcome.status", format!("unknown value {s:?} (expected success, failure or abandoned)"));
+            };
+            Some(Outcome {
+                status,
+                duration_ms: opt(o.duration_ms, "outcome.durationMs", "a non-negative integer")?,
+                retries: opt(o.retries, "outcome.retries", "a non-negative integer")?,
+            })
+        }
+    };
+
+    let shadow = match present(raw.shadow) {
+        None => None,
+        Some(s) => {
+            let s: ContractShadow<'_> = object(s, "shadow")?;
+            Some(Shadow { reference: req(s.reference, "shadow.reference", "a string")? })
+        }
+    };
+    let observed_outcome: Option<String> = opt(raw.observed_outcome, "observedOutcome", "a string")?;
+    let outcome = map_observed(observed_outcome.clone(), outcome, patterns);
+
+    let r = Receipt { id, at, point, model, candidates, result, validation, fallback, outcome, shadow, observed_outcome };
+    check_pick_offered(&r, "result.id")?;
+    Ok(r)
+}
+
+#[derive(Deserialize)]
+struct KeelResult<'a> {
+    #[serde(borrow, default)]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    candidate_id: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "candidateId")]
+    candidate_id_camel: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum KeelCandidate {
+    Object { id: String },
+    Id(String),
+}
+
+/// keel's `stage` → our `point`.
+pub fn keel_stage_to_point(stage: &str) -> Option<&'static str> {
+    Some(match stage {
+        "intake" => "intake",
+        "preStep" => "pre_step",
+        "context" => "context",
+        "toolBoundary" => "tool_boundary",
+        "completion" => "completion",
+        _ => return None,
+    })
+}
+
+/// keel's `validation` → ours.
+pub fn keel_validation(v: &str) -> Option<Validation> {
+    Some(match v {
+        "accepted" => Validation::Accepted,
+        "rejected" => Validation::RejectedOutOfSet,
+        "stale" => Validation::RejectedStale,
+        "expired" => Validation::RejectedExpired,
+        "unauthorized" => Validation::RejectedUnauthorized,
+        _ => return None,
+    })
+}
+
+fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldError> {
+    let id = non_empty(req(raw.id, "id", "a string")?, "id")?;
+    let stage: String = req(raw.stage, "stage", "a string")?;
+    let Some(point) = keel_stage_to_point(&stage) else {
+        return err(
+            "stage",
+            format!("unknown value {stage:?} (expected intake, preStep, context, toolBoundary or completion)"),
+        );
+    };
+    let model: Option<String> = opt(raw.backend, "backend", "a string")?;
+    if let Some(b) = &model
+        && !matches!(b.as_str(), "laya" | "jev" | "host")
+    {
+        return err("backend", format!("unknown value {b:?} (expected laya, jev or host)"));
+    }
+    let candidates: Vec<KeelCandidate> = req(raw.candidates, "candidates", "a list of {id, summary}")?;
+    let candidates: Vec<String> = candidates
+        .into_iter()
+        .map(|c| match c {
+            KeelCandidate::Object { id } | KeelCandidate::Id(id) => id,
+        })
+        .collect();
+
+    let confidence = probability(raw.confidence, "confidence")?;
+    let selected_probability = probability(raw.selected_probability, "selectedProbability")?;
+
+    let Some(result_raw) = present(raw.result) else { return err("result", "missing") };
+    let res: KeelResult<'_> = object(result_raw, "result")?;
+    let kind: String = req(res.kind, "result.kind", "a string")?;
+    let result = match kind.as_str() {
+        "selected" => {
+            let id: String = match present(res.candidate_id) {
+                Some(_) => req(res.candidate_id, "result.candidate_id", "a string")?,
+                None => req(res.candidate_id_camel, "result.candidate_id", "a string")?,
+            };
+            let Some(confidence) = selected_probability.or(confidence) else {
+                return err("selectedProbability", "a selected result needs selectedProbability or confidence");
+            };
+            ReceiptResult::Pick { id, confidence }
+        }
+        "abstained" => ReceiptResult::Abstain,
+        other => return err("result.kind", format!("unknown value {other:?} (expected selected or abstained)")),
+    };
+
+    let v: String = req(raw.validation, "validation", "a string")?;
+    let Some(validation) = keel_validation(&v) else {
+        return err(
+            "validation",
+            format!("unknown value {v:?} (expected accepted, rejected, stale, expired or unauthorized)"),
+        );
+    };
+
+    let fallback = opt::<String>(raw.fallback, "fallback", "a reason string")?
+        .map(|reason| Fallback { used: true, to: None, reason: Some(reason) });
+
+    let created: i64 = match present(raw.created_at) {
+        None => return err("createdAt", "missing"),
+        Some(r) => match serde_json::from_str::<i64>(r.get()) {
+            Ok(v) => v,
+            Err(_) => return err("createdAt", format!("expected epoch milliseconds, found {}", preview(r.get()))),
+        },
+    };
+    let Some(at) = DateTime::from_timestamp_millis(created) else {
+        return err("createdAt", format!("{created} is out of range"));
+    };
+    let at = at.to_rfc3339_opts(SecondsFormat::Millis, true);
+
+    let observed_outcome: Option<String> = opt(raw.observed_outcome, "observedOutcome", "a string")?;
+    let outcome = map_observed(observed_outcome.clone(), None, patterns);
+
+    let r = Receipt {
+        id,
+        at,
+        point: point.to_string(),
+        model,
+        candidates,
+        result,
+        validation,
+        fallback,
+        outcome,
+        shadow: None,
+        observed_outcome,
+    };
+    check_pick_offered(&r, "result.candidate_id")?;
+    Ok(r)
+}
+
+/// Turn a field error into a bad record with its place and bytes.
+pub(super) fn bad(file: &Arc<PathBuf>, row: u64, e: FieldError, raw: &[u8]) -> BadRow {
+    BadRow::from_line(file.clone(), row, raw.to_vec(), vec![e])
+}

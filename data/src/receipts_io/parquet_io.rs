@@ -1,0 +1,736 @@
+//! Receipts in Parquet, with the flattened columns of contracts section 3:
+//!
+//! `id`, `at`, `point`, `model`, `candidates` (list of strings), `result_kind` (`pick` /
+//! `abstain`), `result_id`, `confidence`, `validation`, `fallback_used`, `fallback_to`,
+//! `fallback_reason`, `outcome_status`, `outcome_duration_ms`, `outcome_retries`,
+//! `shadow_reference`, and (added) `observed_outcome`, keel's free-text outcome.
+//!
+//! The reader needs `id`, `at`, `point`, `candidates`, `result_kind` and `validation`; the other
+//! columns may be absent (all null). It accepts the string, large-string and string-view
+//! encodings other writers use, a timestamp column for `at`, and 32-bit numbers. A bad row is
+//! quarantined as one JSON object of its flattened values, as read.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampNanosecondType, TimestampSecondType, UInt32Type, UInt64Type,
+};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use chrono::{DateTime, SecondsFormat};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde_json::{Map, Value, json};
+
+use super::OutcomePatterns;
+use super::line::{FieldError, check_pick_offered, valid_point};
+use crate::states_io::BadRow;
+use crate::atomic::AtomicFile;
+use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
+
+const COLUMNS: [&str; 17] = [
+    "id",
+    "at",
+    "point",
+    "model",
+    "candidates",
+    "result_kind",
+    "result_id",
+    "confidence",
+    "validation",
+    "fallback_used",
+    "fallback_to",
+    "fallback_reason",
+    "outcome_status",
+    "outcome_duration_ms",
+    "outcome_retries",
+    "shadow_reference",
+    "observed_outcome",
+];
+const REQUIRED: [&str; 6] = ["id", "at", "point", "candidates", "result_kind", "validation"];
+
+/// Rows per record batch and per row group when writing.
+const BATCH_ROWS: usize = 65_536;
+const ROW_GROUP_ROWS: usize = 262_144;
+
+/// The Arrow schema of a receipts file.
+pub fn receipt_schema() -> SchemaRef {
+    let s = |name: &str, nullable: bool| Field::new(name, DataType::Utf8, nullable);
+    Arc::new(Schema::new(vec![
+        s("id", false),
+        s("at", false),
+        s("point", false),
+        s("model", true),
+        Field::new("candidates", DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))), false),
+        s("result_kind", false),
+        s("result_id", true),
+        Field::new("confidence", DataType::Float64, true),
+        s("validation", false),
+        Field::new("fallback_used", DataType::Boolean, true),
+        s("fallback_to", true),
+        s("fallback_reason", true),
+        s("outcome_status", true),
+        Field::new("outcome_duration_ms", DataType::Int64, true),
+        Field::new("outcome_retries", DataType::Int64, true),
+        s("shadow_reference", true),
+        s("observed_outcome", true),
+    ]))
+}
+
+struct Builders {
+    id: StringBuilder,
+    at: StringBuilder,
+    point: StringBuilder,
+    model: StringBuilder,
+    candidates: ListBuilder<StringBuilder>,
+    result_kind: StringBuilder,
+    result_id: StringBuilder,
+    confidence: Float64Builder,
+    validation: StringBuilder,
+    fallback_used: BooleanBuilder,
+    fallback_to: StringBuilder,
+    fallback_reason: StringBuilder,
+    outcome_status: StringBuilder,
+    outcome_duration_ms: Int64Builder,
+    outcome_retries: Int64Builder,
+    shadow_reference: StringBuilder,
+    observed_outcome: StringBuilder,
+    rows: usize,
+}
+
+impl Builders {
+    fn new() -> Self {
+        Self {
+            id: StringBuilder::new(),
+            at: StringBuilder::new(),
+            point: StringBuilder::new(),
+            model: StringBuilder::new(),
+            candidates: ListBuilder::new(StringBuilder::new()),
+            result_kind: StringBuilder::new(),
+            result_id: StringBuilder::new(),
+            confidence: Float64Builder::new(),
+            validation: StringBuilder::new(),
+            fallback_used: BooleanBuilder::new(),
+            fallback_to: StringBuilder::new(),
+            fallback_reason: StringBuilder::new(),
+            outcome_status: StringBuilder::new(),
+            outcome_duration_ms: Int64Builder::new(),
+            outcome_retries: Int64Builder::new(),
+            shadow_reference: StringBuilder::new(),
+            observed_outcome: StringBuilder::new(),
+            rows: 0,
+        }
+    }
+
+    fn push(&mut self, r: &Receipt) {
+        self.id.append_value(&r.id);
+        self.at.append_value(&r.at);
+        self.point.append_value(&r.point);
+        self.model.append_option(r.model.as_deref());
+        for c in &r.candidates {
+            self.candidates.values().append_value(c);
+        }
+        self.candidates.append(true);
+        match &r.result {
+            ReceiptResult::Pick { id, confidence } => {
+                self.result_kind.append_value("pick");
+                self.result_id.append_value(id);
+                self.confidence.append_value(*confidence);
+            }
+            ReceiptResult::Abstain => {
+                self.result_kind.append_value("abstain");
+                self.result_id.append_null();
+                self.confidence.append_null();
+            }
+        }
+        self.validation.append_value(r.validation.as_str());
+        let f = r.fallback.as_ref();
+        self.fallback_used.append_option(f.map(|f| f.used));
+        self.fallback_to.append_option(f.and_then(|f| f.to.as_deref()));
+        self.fallback_reason.append_option(f.and_then(|f| f.reason.as_deref()));
+        let o = r.outcome.as_ref();
+        self.outcome_status.append_option(o.map(|o| o.status.as_str()));
+        self.outcome_duration_ms.append_option(o.and_then(|o| o.duration_ms).map(|d| d as i64));
+        self.outcome_retries.append_option(o.and_then(|o| o.retries).map(i64::from));
+        self.shadow_reference.append_option(r.shadow.as_ref().map(|s| s.reference.as_str()));
+        self.observed_outcome.append_option(r.observed_outcome.as_deref());
+        self.rows += 1;
+    }
+
+    fn finish(&mut self, schema: &SchemaRef) -> Result<RecordBatch> {
+        self.rows = 0;
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.id.finish()),
+            Arc::new(self.at.finish()),
+            Arc::new(self.point.finish()),
+            Arc::new(self.model.finish()),
+            Arc::new(self.candidates.finish()),
+            Arc::new(self.result_kind.finish()),
+            Arc::new(self.result_id.finish()),
+            Arc::new(self.confidence.finish()),
+            Arc::new(self.validation.finish()),
+            Arc::new(self.fallback_used.finish()),
+            Arc::new(self.fallback_to.finish()),
+            Arc::new(self.fallback_reason.finish()),
+            Arc::new(self.outcome_status.finish()),
+            Arc::new(self.outcome_duration_ms.finish()),
+            Arc::new(self.outcome_retries.finish()),
+            Arc::new(self.shadow_reference.finish()),
+            Arc::new(self.observed_outcome.finish()),
+        ];
+        Ok(RecordBatch::try_new(schema.clone(), cols)?)
+    }
+}
+
+/// Streams receipts into a zstd-compressed Parquet file, published atomically on [`finish`].
+///
+/// [`finish`]: ReceiptParquetWriter::finish
+pub struct ReceiptParquetWriter {
+    writer: ArrowWriter<AtomicFile>,
+    builders: Builders,
+    schema: SchemaRef,
+    rows: u64,
+}
+
+impl ReceiptParquetWriter {
+    pub fn create(path: impl AsRef<Path>) -> Result<Self> {
+        let schema = receipt_schema();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .build();
+        let file = AtomicFile::create(path)?;
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+        Ok(Self { writer, builders: Builders::new(), schema, rows: 0 })
+    }
+
+    pub fn write(&mut self, r: &Receipt) -> Result<()> {
+        self.builders.push(r);
+        self.rows += 1;
+        if self.builders.rows >= BATCH_ROWS {
+            let batch = self.builders.finish(&self.schema)?;
+            self.writer.write(&batch)?;
+        }
+        Ok(())
+    }
+
+    /// Flush, close and publish the file; returns the number of rows written.
+    pub fn finish(mut self) -> Result<u64> {
+        if self.builders.rows > 0 {
+            let batch = self.builders.finish(&self.schema)?;
+            self.writer.write(&batch)?;
+        }
+        let file = self.writer.into_inner()?;
+        file.commit()?;
+        Ok(self.rows)
+    }
+}
+
+/// Write receipts to a Parquet file atomically.
+pub fn write_receipts_parquet<'a>(path: impl AsRef<Path>, receipts: impl IntoIterator<Item = &'a Receipt>) -> Result<u64> {
+    let mut w = ReceiptParquetWriter::create(path)?;
+    for r in receipts {
+        w.write(r)?;
+    }
+    w.finish()
+}
+
+// ---------------------------------------------------------------- reading
+
+enum StrCol<'a> {
+    Utf8(&'a arrow_array::StringArray),
+    Large(&'a arrow_array::LargeStringArray),
+    View(&'a arrow_array::StringViewArray),
+    Missing,
+}
+
+impl<'a> StrCol<'a> {
+    fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
+        let Some(a) = a else { return Ok(StrCol::Missing) };
+        Ok(match a.data_type() {
+            DataType::Utf8 => StrCol::Utf8(a.as_string::<i32>()),
+            DataType::LargeUtf8 => StrCol::Large(a.as_string::<i64>()),
+            DataType::Utf8View => StrCol::View(a.as_string_view()),
+            DataType::Null => StrCol::Missing,
+            t => bail!("{}: column `{name}` has type {t}, expected a string column", file.display()),
+        })
+    }
+
+    fn get(&self, i: usize) -> Option<&'a str> {
+        match self {
+            StrCol::Utf8(a) => a.is_valid(i).then(|| a.value(i)),
+            StrCol::Large(a) => a.is_valid(i).then(|| a.value(i)),
+            StrCol::View(a) => a.is_valid(i).then(|| a.value(i)),
+            StrCol::Missing => None,
+        }
+    }
+}
+
+/// `at` may be a string or a timestamp.
+enum AtCol<'a> {
+    Str(StrCol<'a>),
+    Ts { array: &'a ArrayRef, unit: TimeUnit },
+}
+
+impl<'a> AtCol<'a> {
+    fn new(a: Option<&'a ArrayRef>, file: &Path) -> Result<Self> {
+        match a.map(|a| a.data_type()) {
+            Some(DataType::Timestamp(unit, _)) => Ok(AtCol::Ts { array: a.expect("checked"), unit: *unit }),
+            _ => Ok(AtCol::Str(StrCol::new(a, "at", file)?)),
+        }
+    }
+
+    /// The RFC 3339 text, and whether it came from a timestamp (then it is valid by type).
+    fn get(&self, i: usize, buf: &mut String) -> Option<bool> {
+        match self {
+            AtCol::Str(s) => {
+                buf.clear();
+                buf.push_str(s.get(i)?);
+                Some(false)
+            }
+            AtCol::Ts { array, unit } => {
+                if array.is_null(i) {
+                    return None;
+                }
+                let (secs, nanos) = match unit {
+                    TimeUnit::Second => (array.as_primitive::<TimestampSecondType>().value(i), 0),
+                    TimeUnit::Millisecond => {
+                        let v = array.as_primitive::<TimestampMillisecondType>().value(i);
+                        (v.div_euclid(1000), v.rem_euclid(1000) * 1_000_000)
+                    }
+                    TimeUnit::Microsecond => {
+                        let v = array.as_primitive::<TimestampMicrosecondType>().value(i);
+                        (v.div_euclid(1_000_000), v.rem_euclid(1_000_000) * 1000)
+                    }
+                    TimeUnit::Nanosecond => {
+                        let v = array.as_primitive::<TimestampNanosecondType>().value(i);
+                        (v.div_euclid(1_000_000_000), v.rem_euclid(1_000_000_000))
+                    }
+                };
+                let t = DateTime::from_timestamp(secs, nanos as u32)?;
+                buf.clear();
+                buf.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+                Some(true)
+            }
+        }
+    }
+}
+
+enum F64Col<'a> {
+    F64(&'a arrow_array::Float64Array),
+    F32(&'a arrow_array::Float32Array),
+    Missing,
+}
+
+impl<'a> F64Col<'a> {
+    fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
+        let Some(a) = a else { return Ok(F64Col::Missing) };
+        Ok(match a.data_type() {
+            DataType::Float64 => F64Col::F64(a.as_primitive::<Float64Type>()),
+            DataType::Float32 => F64Col::F32(a.as_primitive::<Float32Type>()),
+            DataType::Null => F64Col::Missing,
+            t => bail!("{}: column `{name}` has type {t}, expected a float column", file.display()),
+        })
+    }
+
+    fn get(&self, i: usize) -> Option<f64> {
+        match self {
+            F64Col::F64(a) => a.is_valid(i).then(|| a.value(i)),
+            F64Col::F32(a) => a.is_valid(i).then(|| f64::from(a.value(i))),
+            F64Col::Missing => None,
+        }
+    }
+}
+
+enum IntCol<'a> {
+    I64(&'a arrow_array::Int64Array),
+    I32(&'a arrow_array::Int32Array),
+    U64(&'a arrow_array::UInt64Array),
+    U32(&'a arrow_array::UInt32Array),
+    Missing,
+}
+
+impl<'a> IntCol<'a> {
+    fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
+        let Some(a) = a else { return Ok(IntCol::Missing) };
+        Ok(match a.data_type() {
+            DataType::Int64 => IntCol::I64(a.as_primitive::<Int64Type>()),
+            DataType::Int32 => IntCol::I32(a.as_primitive::<Int32Type>()),
+            DataType::UInt64 => IntCol::U64(a.as_primitive::<UInt64Type>()),
+            DataType::UInt32 => IntCol::U32(a.as_primitive::<UInt32Type>()),
+            DataType::Null => IntCol::Missing,
+            t => bail!("{}: column `{name}` has type {t}, expected an integer column", file.display()),
+        })
+    }
+
+    fn get(&self, i: usize) -> Option<i128> {
+        match self {
+            IntCol::I64(a) => a.is_valid(i).then(|| i128::from(a.value(i))),
+            IntCol::I32(a) => a.is_valid(i).then(|| i128::from(a.value(i))),
+            IntCol::U64(a) => a.is_valid(i).then(|| i128::from(a.value(i))),
+            IntCol::U32(a) => a.is_valid(i).then(|| i128::from(a.value(i))),
+            IntCol::Missing => None,
+        }
+    }
+}
+
+enum BoolCol<'a> {
+    B(&'a BooleanArray),
+    Missing,
+}
+
+impl<'a> BoolCol<'a> {
+    fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
+        let Some(a) = a else { return Ok(BoolCol::Missing) };
+        Ok(match a.data_type() {
+            DataType::Boolean => BoolCol::B(a.as_boolean()),
+            DataType::Null => BoolCol::Missing,
+            t => bail!("{}: column `{name}` has type {t}, expected a boolean column", file.display()),
+        })
+    }
+
+    fn get(&self, i: usize) -> Option<bool> {
+        match self {
+            BoolCol::B(a) => a.is_valid(i).then(|| a.value(i)),
+            BoolCol::Missing => None,
+        }
+    }
+}
+
+/// A list of strings (`candidates`).
+struct ListCol<'a> {
+    offsets: Vec<usize>,
+    valid: &'a dyn Array,
+    values: StrCol<'a>,
+}
+
+impl<'a> ListCol<'a> {
+    fn new(a: &'a ArrayRef, file: &Path) -> Result<Self> {
+        let (offsets, values): (Vec<usize>, &ArrayRef) = match a.data_type() {
+            DataType::List(_) => {
+                let l = a.as_list::<i32>();
+                (l.value_offsets().iter().map(|&o| o as usize).collect(), l.values())
+            }
+            DataType::LargeList(_) => {
+                let l = a.as_list::<i64>();
+                (l.value_offsets().iter().map(|&o| o as usize).collect(), l.values())
+            }
+            t => bail!("{}: column `candidates` has type {t}, expected a list of strings", file.display()),
+        };
+        Ok(Self { offsets, valid: a.as_ref(), values: StrCol::new(Some(values), "candidates", file)? })
+    }
+
+    fn len(&self, i: usize) -> Option<usize> {
+        self.valid.is_valid(i).then(|| self.offsets[i + 1] - self.offsets[i])
+    }
+
+    fn item(&self, i: usize, k: usize) -> Option<&'a str> {
+        self.values.get(self.offsets[i] + k)
+    }
+}
+
+struct Cols<'a> {
+    id: StrCol<'a>,
+    at: AtCol<'a>,
+    point: StrCol<'a>,
+    model: StrCol<'a>,
+    candidates: ListCol<'a>,
+    result_kind: StrCol<'a>,
+    result_id: StrCol<'a>,
+    confidence: F64Col<'a>,
+    validation: StrCol<'a>,
+    fallback_used: BoolCol<'a>,
+    fallback_to: StrCol<'a>,
+    fallback_reason: StrCol<'a>,
+    outcome_status: StrCol<'a>,
+    outcome_duration_ms: IntCol<'a>,
+    outcome_retries: IntCol<'a>,
+    shadow_reference: StrCol<'a>,
+    observed_outcome: StrCol<'a>,
+}
+
+impl<'a> Cols<'a> {
+    fn new(batch: &'a RecordBatch, file: &Path) -> Result<Self> {
+        let c = |n: &str| batch.column_by_name(n);
+        Ok(Self {
+            id: StrCol::new(c("id"), "id", file)?,
+            at: AtCol::new(c("at"), file)?,
+            point: StrCol::new(c("point"), "point", file)?,
+            model: StrCol::new(c("model"), "model", file)?,
+            candidates: ListCol::new(c("candidates").context("candidates column checked")?, file)?,
+            result_kind: StrCol::new(c("result_kind"), "result_kind", file)?,
+            result_id: StrCol::new(c("result_id"), "result_id", file)?,
+            confidence: F64Col::new(c("confidence"), "confidence", file)?,
+            validation: StrCol::new(c("validation"), "validation", file)?,
+            fallback_used: BoolCol::new(c("fallback_used"), "fallback_used", file)?,
+            fallback_to: StrCol::new(c("fallback_to"), "fallback_to", file)?,
+            fallback_reason: StrCol::new(c("fallback_reason"), "fallback_reason", file)?,
+            outcome_status: StrCol::new(c("outcome_status"), "outcome_status", file)?,
+            outcome_duration_ms: IntCol::new(c("outcome_duration_ms"), "outcome_duration_ms", file)?,
+            outcome_retries: IntCol::new(c("outcome_retries"), "outcome_retries", file)?,
+            shadow_reference: StrCol::new(c("shadow_reference"), "shadow_reference", file)?,
+            observed_outcome: StrCol::new(c("observed_outcome"), "observed_outcome", file)?,
+        })
+    }
+
+    /// The row as a JSON object of its flattened values (for the quarantine).
+    fn raw_row(&self, i: usize) -> Vec<u8> {
+        let mut m = Map::new();
+        let s = |v: Option<&str>| v.map_or(Value::Null, |s| Value::String(s.to_string()));
+        m.insert("id".into(), s(self.id.get(i)));
+        let mut at = String::new();
+        m.insert("at".into(), s(self.at.get(i, &mut at).map(|_| at.as_str())));
+        m.insert("point".into(), s(self.point.get(i)));
+        m.insert("model".into(), s(self.model.get(i)));
+        m.insert(
+            "candidates".into(),
+            match self.candidates.len(i) {
+                None => Value::Null,
+                Some(n) => Value::Array((0..n).map(|k| s(self.candidates.item(i, k))).collect()),
+            },
+        );
+        m.insert("result_kind".into(), s(self.result_kind.get(i)));
+        m.insert("result_id".into(), s(self.result_id.get(i)));
+        m.insert(
+            "confidence".into(),
+            match self.confidence.get(i) {
+                None => Value::Null,
+                Some(c) => serde_json::Number::from_f64(c).map_or_else(|| json!(c.to_string()), Value::Number),
+            },
+        );
+        m.insert("validation".into(), s(self.validation.get(i)));
+        m.insert("fallback_used".into(), self.fallback_used.get(i).map_or(Value::Null, Value::Bool));
+        m.insert("fallback_to".into(), s(self.fallback_to.get(i)));
+        m.insert("fallback_reason".into(), s(self.fallback_reason.get(i)));
+        m.insert("outcome_status".into(), s(self.outcome_status.get(i)));
+        let int = |v: Option<i128>| match v {
+            None => Value::Null,
+            Some(v) => i64::try_from(v).map_or_else(|_| json!(v.to_string()), |v| json!(v)),
+        };
+        m.insert("outcome_duration_ms".into(), int(self.outcome_duration_ms.get(i)));
+        m.insert("outcome_retries".into(), int(self.outcome_retries.get(i)));
+        m.insert("shadow_reference".into(), s(self.shadow_reference.get(i)));
+        m.insert("observed_outcome".into(), s(self.observed_outcome.get(i)));
+        serde_json::to_vec(&Value::Object(m)).expect("a JSON object serialises")
+    }
+}
+
+fn set(dst: &mut String, src: &str) {
+    dst.clear();
+    dst.push_str(src);
+}
+
+fn set_opt(dst: &mut Option<String>, src: Option<&str>) {
+    match (dst.as_mut(), src) {
+        (Some(d), Some(s)) => set(d, s),
+        (None, Some(s)) => *dst = Some(s.to_string()),
+        (_, None) => *dst = None,
+    }
+}
+
+fn ferr(field: &str, reason: impl Into<String>) -> FieldError {
+    FieldError::new(field, reason)
+}
+
+/// Fill `r` (reusing its allocations) from row `i`.
+fn req<'a>(col: &StrCol<'a>, i: usize, name: &str) -> Result<&'a str, FieldError> {
+    col.get(i).ok_or_else(|| ferr(name, "missing"))
+}
+
+fn fill(cols: &Cols<'_>, i: usize, r: &mut Receipt, patterns: &OutcomePatterns) -> Result<(), FieldError> {
+    let id = req(&cols.id, i, "id")?;
+    if id.is_empty() {
+        return Err(ferr("id", "empty"));
+    }
+    set(&mut r.id, id);
+    let from_ts = cols.at.get(i, &mut r.at).ok_or_else(|| ferr("at", "missing"))?;
+    if !from_ts && DateTime::parse_from_rfc3339(&r.at).is_err() {
+        return Err(ferr("at", format!("{:?} is not an RFC 3339 time", r.at)));
+    }
+    let point = req(&cols.point, i, "point")?;
+    if !valid_point(point) {
+        return Err(ferr("point", format!("{point:?} does not match [a-z][a-z0-9_]*")));
+    }
+    set(&mut r.point, point);
+    set_opt(&mut r.model, cols.model.get(i));
+
+    let n = cols.candidates.len(i).ok_or_else(|| ferr("candidates", "missing"))?;
+    r.candidates.truncate(n);
+    for k in 0..n {
+        let c = cols.candidates.item(i, k).ok_or_else(|| ferr("candidates", format!("item {} is null", k + 1)))?;
+        match r.candidates.get_mut(k) {
+            Some(d) => set(d, c),
+            None => r.candidates.push(c.to_string()),
+        }
+    }
+
+    let kind = req(&cols.result_kind, i, "result_kind")?;
+    match kind {
+        "pick" => {
+            let pid = cols.result_id.get(i).ok_or_else(|| ferr("result_id", "missing"))?;
+            let c = cols.confidence.get(i).ok_or_else(|| ferr("confidence", "missing"))?;
+            if !(c.is_finite() && (0.0..=1.0).contains(&c)) {
+                return Err(ferr("confidence", format!("{c} is outside [0, 1]")));
+            }
+            match &mut r.result {
+                ReceiptResult::Pick { id, confidence } => {
+                    set(id, pid);
+                    *confidence = c;
+                }
+                ReceiptResult::Abstain => r.result = ReceiptResult::Pick { id: pid.to_string(), confidence: c },
+            }
+        }
+        "abstain" => r.result = ReceiptResult::Abstain,
+        other => return Err(ferr("result_kind", format!("unknown value {other:?} (expected pick or abstain)"))),
+    }
+
+    let v = req(&cols.validation, i, "validation")?;
+    r.validation = Validation::parse(v).ok_or_else(|| ferr("validation", format!("unknown value {v:?}")))?;
+
+    r.fallback = match cols.fallback_used.get(i) {
+        None => None,
+        Some(used) => Some(Fallback {
+            used,
+            to: cols.fallback_to.get(i).map(str::to_string),
+            reason: cols.fallback_reason.get(i).map(str::to_string),
+        }),
+    };
+
+    let duration = cols.outcome_duration_ms.get(i);
+    let retries = cols.outcome_retries.get(i);
+    r.outcome = match cols.outcome_status.get(i) {
+        None if duration.is_some() || retries.is_some() => {
+            return Err(ferr("outcome_status", "missing while outcome_duration_ms / outcome_retries are set"));
+        }
+        None => None,
+        Some(s) => {
+            let status = OutcomeStatus::parse(s).ok_or_else(|| {
+                ferr("outcome_status", format!("unknown value {s:?} (expected success, failure or abandoned)"))
+            })?;
+            let duration_ms = match duration {
+                None => None,
+                Some(d) => Some(u64::try_from(d).map_err(|_| ferr("outcome_duration_ms", format!("{d} is negative")))?),
+            };
+            let retries = match retries {
+                None => None,
+                Some(d) => Some(u32::try_from(d).map_err(|_| ferr("outcome_retries", format!("{d} is out of range")))?),
+            };
+            Some(Outcome { status, duration_ms, retries })
+        }
+    };
+    match (r.shadow.as_mut(), cols.shadow_reference.get(i)) {
+        (Some(s), Some(v)) => set(&mut s.reference, v),
+        (None, Some(v)) => r.shadow = Some(Shadow { reference: v.to_string() }),
+        (_, None) => r.shadow = None,
+    }
+    set_opt(&mut r.observed_outcome, cols.observed_outcome.get(i));
+    if r.outcome.is_none()
+        && let Some(text) = &r.observed_outcome
+        && let Some(status) = patterns.classify(text)
+    {
+        r.outcome = Some(Outcome { status, duration_ms: None, retries: None });
+    }
+    check_pick_offered(r, "result_id")
+}
+
+pub(super) fn empty_receipt() -> Receipt {
+    Receipt {
+        id: String::new(),
+        at: String::new(),
+        point: String::new(),
+        model: None,
+        candidates: Vec::new(),
+        result: ReceiptResult::Abstain,
+        validation: Validation::Accepted,
+        fallback: None,
+        outcome: None,
+        shadow: None,
+        observed_outcome: None,
+    }
+}
+
+/// Number of row groups and rows of a receipts Parquet file.
+pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let b = ParquetRecordBatchReaderBuilder::try_new(f).with_context(|| format!("reading {} as Parquet", path.display()))?;
+    let md = b.metadata();
+    Ok((md.num_row_groups(), md.file_metadata().num_rows().max(0) as u64))
+}
+
+/// Read the given row groups (all when `None`) of a Parquet receipts file, calling `f` for every
+/// row in order. `first_row` is the 1-based number of the first row read (row numbers count
+/// from the start of the file). Returns (rows, bad).
+pub(super) fn read_parquet(
+    path: &Path,
+    row_groups: Option<Vec<usize>>,
+    patterns: &OutcomePatterns,
+    progress: &mut dyn FnMut(u64),
+    f: &mut dyn FnMut(Result<&Receipt, &BadRow>) -> Result<()>,
+) -> Result<(u64, u64)> {
+    let shared_path = Arc::new(path.to_path_buf());
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).with_context(|| format!("reading {} as Parquet", path.display()))?;
+    let arrow_schema = builder.schema().clone();
+    for name in REQUIRED {
+        if arrow_schema.field_with_name(name).is_err() {
+            bail!("{}: column `{name}` is missing (a receipts file needs {})", path.display(), REQUIRED.join(", "));
+        }
+    }
+    let roots: Vec<usize> = arrow_schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| COLUMNS.contains(&f.name().as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let md = builder.metadata().clone();
+    let mut row: u64 = match &row_groups {
+        Some(groups) => groups
+            .first()
+            .map(|&g| (0..g).map(|k| md.row_group(k).num_rows().max(0) as u64).sum::<u64>())
+            .unwrap_or(0),
+        None => 0,
+    };
+    if let Some(groups) = &row_groups
+        && groups.windows(2).any(|w| w[1] != w[0] + 1)
+    {
+        bail!("row groups must be consecutive");
+    }
+    let mut builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
+    if let Some(groups) = row_groups {
+        builder = builder.with_row_groups(groups);
+    }
+    let reader = builder.build().with_context(|| format!("reading {}", path.display()))?;
+    let mut r = empty_receipt();
+    let (mut rows, mut nbad) = (0u64, 0u64);
+    for batch in reader {
+        let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+        let cols = Cols::new(&batch, path)?;
+        for i in 0..batch.num_rows() {
+            row += 1;
+            rows += 1;
+            match fill(&cols, i, &mut r, patterns) {
+                Ok(()) => f(Ok(&r))?,
+                Err(e) => {
+                    nbad += 1;
+                    let b = BadRow::from_line(shared_path.clone(), row, cols.raw_row(i), vec![e]);
+                    f(Err(&b))?;
+                    r = empty_receipt();
+                }
+            }
+        }
+        progress(batch.num_rows() as u64);
+    }
+    Ok((rows, nbad))
+}

@@ -1,0 +1,226 @@
+use std::fs;
+
+use super::*;
+use crate::Quarantine;
+use crate::{Fallback, Outcome, OutcomeStatus, ReceiptResult, Shadow, Validation};
+
+/// Both shapes in one file, good and bad, as a harness would leave them.
+const MIXED: &str = r#"{"id":"c1","at":"2026-11-30T12:00:00Z","point":"tool","model":"laya","candidates":["a","b"],"result":{"kind":"pick","id":"a","confidence":0.93},"validation":"accepted","outcome":{"status":"success","durationMs":1200,"retries":1}}
+{"id":"c2","at":"2026-11-30T12:00:01Z","point":"tool","candidates":["a","b"],"result":{"kind":"abstain"},"validation":"accepted"}
+{"id":"c3","at":"2026-11-30T12:00:02+01:00","point":"route","candidates":["x","y"],"result":{"kind":"pick","id":"y","confidence":0.5},"validation":"accepted","fallback":{"used":true,"to":"x","reason":"auth failed"},"outcome":{"status":"success"}}
+{"id":"c4","at":"2026-11-30T12:00:03Z","point":"tool","candidates":["a","b"],"result":{"kind":"pick","id":"b","confidence":0.3},"validation":"rejected-stale","futureField":{"x":1}}
+
+{"schemaVersion":1,"id":"k1","taskRevision":3,"backend":"laya","stage":"preStep","candidates":[{"id":"inspect","summary":"read first"},{"id":"verify","summary":"run tests"}],"result":{"kind":"selected","candidate_id":"verify"},"validation":"accepted","confidence":0.7,"selectedProbability":0.81,"fit":"good","observedOutcome":"tests passed","createdAt":1764504000123}
+{"schemaVersion":1,"id":"k2","backend":"jev","stage":"intake","candidates":[{"id":"r1","summary":"sonnet"}],"result":{"kind":"abstained"},"validation":"accepted","fallback":"selector abstained","createdAt":1764504000000}
+{"schemaVersion":1,"id":"k3","backend":"laya","stage":"toolBoundary","candidates":[{"id":"t1","summary":"x"},{"id":"t2","summary":"y"}],"result":{"kind":"selected","candidate_id":"t1"},"validation":"stale","confidence":0.99,"createdAt":1764504000000}
+{"schemaVersion":1,"id":"k4","backend":"host","stage":"completion","candidates":[{"id":"t1","summary":"x"}],"result":{"kind":"selected","candidate_id":"t1"},"validation":"unauthorized","selectedProbability":1.0,"observedOutcome":"user closed the window","createdAt":1764504000000}
+{"schemaVersion":1,"id":"k5","stage":"context","candidates":[{"id":"t1","summary":"x"}],"result":{"kind":"selected","candidate_id":"ghost"},"validation":"rejected","confidence":0.4,"createdAt":1764504000000}
+{"schemaVersion":1,"id":"k6","stage":"preStep","candidates":[{"id":"t1","summary":"x"}],"result":{"kind":"selected","candidate_id":"t1"},"validation":"expired","confidence":0.0,"observedOutcome":"task failed: timeout","createdAt":1764504000000}
+{"id":"b1","at":"2026-11-30T12:00:00Z","point":"tool","candidates":["a"],"result":{"kind":"pick","id":"a","confidence":1.5},"validation":"accepted"}
+{"id":"b2","at":"2026-11-30T12:00:00Z","point":"tool","candidates":["a"],"result":{"kind":"pick","id":"a","confidence":0.5},"validation":"maybe"}
+{"id":"b3","at":"2026-11-30T12:00:00Z","point":"tool","candidates":["a"],"result":{"kind":"pick","id":"z","confidence":0.5},"validation":"accepted"}
+{"id":"b4","at":"2026-11-30T12:00:00Z","point":"tool","result":{"kind":"abstain"},"validation":"accepted"}
+{"id":"b5","at":"2026-11-30T12:00:00Z","point":"tool",
+{"schemaVersion":1,"id":"b6","stage":"preStep","candidates":[{"id":"t1","summary":"x"}],"result":{"kind":"selected","candidate_id":"t1"},"validation":"accepted","createdAt":1764504000000}
+{"schemaVersion":1,"id":"b7","stage":"postStep","candidates":[{"id":"t1","summary":"x"}],"result":{"kind":"abstained"},"validation":"accepted","createdAt":1764504000000}
+{"schemaVersion":1,"id":"b8","stage":"preStep","candidates":[{"id":"t1","summary":"x"}],"result":{"kind":"selected","candidate_id":"t1"},"validation":"accepted","selectedProbability":-0.1,"createdAt":1764504000000}
+{"id":"b9","at":"yesterday","point":"tool","candidates":["a"],"result":{"kind":"abstain"},"validation":"accepted"}
+{"id":"b10","at":"2026-11-30T12:00:00Z","point":"tool","candidates":["a"],"result":{"kind":"abstain"},"validation":"accepted","outcome":{"status":"won"}}
+"#;
+
+fn patterns() -> OutcomePatterns {
+    OutcomePatterns::new(&["^task completed", "^tests passed"], &["^task failed", "error"]).unwrap()
+}
+
+fn read_mixed() -> (Vec<Receipt>, Vec<BadRow>, ReadSummary, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.jsonl");
+    fs::write(&path, MIXED).unwrap();
+    let opts = ReadOptions { outcome: patterns(), progress: false };
+    let (good, bad, summary) = read_receipts(&[path], &opts).unwrap();
+    (good, bad, summary, dir)
+}
+
+fn by_id<'a>(good: &'a [Receipt], id: &str) -> &'a Receipt {
+    good.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("{id} not read"))
+}
+
+#[test]
+fn contract_lines_are_read_as_written() {
+    let (good, _, _, _d) = read_mixed();
+    let c1 = by_id(&good, "c1");
+    assert_eq!(c1.point, "tool");
+    assert_eq!(c1.model.as_deref(), Some("laya"));
+    assert_eq!(c1.result, ReceiptResult::Pick { id: "a".into(), confidence: 0.93 });
+    assert_eq!(c1.outcome, Some(Outcome { status: OutcomeStatus::Success, duration_ms: Some(1200), retries: Some(1) }));
+    assert_eq!(by_id(&good, "c2").result, ReceiptResult::Abstain);
+    let c3 = by_id(&good, "c3");
+    assert_eq!(
+        c3.fallback,
+        Some(Fallback { used: true, to: Some("x".into()), reason: Some("auth failed".into()) })
+    );
+    assert!(c3.fallback_used());
+    let c4 = by_id(&good, "c4");
+    assert_eq!(c4.validation, Validation::RejectedStale);
+    assert_eq!(c4.outcome, None, "no outcome = pending");
+}
+
+#[test]
+fn keel_events_are_mapped() {
+    let (good, _, _, _d) = read_mixed();
+    let k1 = by_id(&good, "k1");
+    assert_eq!(k1.point, "pre_step");
+    assert_eq!(k1.model.as_deref(), Some("laya"));
+    assert_eq!(k1.candidates, vec!["inspect", "verify"]);
+    assert_eq!(
+        k1.result,
+        ReceiptResult::Pick { id: "verify".into(), confidence: 0.81 },
+        "selectedProbability wins over confidence"
+    );
+    assert_eq!(k1.validation, Validation::Accepted);
+    assert_eq!(k1.at, "2025-11-30T12:00:00.123Z");
+    assert_eq!(k1.outcome.as_ref().map(|o| o.status), Some(OutcomeStatus::Success));
+    assert_eq!(k1.observed_outcome.as_deref(), Some("tests passed"));
+
+    let k2 = by_id(&good, "k2");
+    assert_eq!(k2.point, "intake");
+    assert_eq!(k2.result, ReceiptResult::Abstain);
+    assert_eq!(k2.fallback, Some(Fallback { used: true, to: None, reason: Some("selector abstained".into()) }));
+
+    let k3 = by_id(&good, "k3");
+    assert_eq!(k3.point, "tool_boundary");
+    assert_eq!(k3.validation, Validation::RejectedStale);
+    assert_eq!(k3.result, ReceiptResult::Pick { id: "t1".into(), confidence: 0.99 });
+    assert_eq!(k3.outcome, None);
+
+    let k4 = by_id(&good, "k4");
+    assert_eq!(k4.point, "completion");
+    assert_eq!(k4.validation, Validation::RejectedUnauthorized);
+    assert_eq!(k4.outcome, None, "text matching no pattern stays unknown");
+    assert_eq!(k4.observed_outcome.as_deref(), Some("user closed the window"));
+
+    let k5 = by_id(&good, "k5");
+    assert_eq!(k5.validation, Validation::RejectedOutOfSet, "an out-of-set pick the host rejected is consistent");
+    let k6 = by_id(&good, "k6");
+    assert_eq!(k6.validation, Validation::RejectedExpired);
+    assert_eq!(k6.result, ReceiptResult::Pick { id: "t1".into(), confidence: 0.0 });
+    assert_eq!(k6.outcome.as_ref().map(|o| o.status), Some(OutcomeStatus::Failure));
+}
+
+#[test]
+fn bad_records_name_row_field_and_reason_and_keep_their_bytes() {
+    let (good, bad, summary, dir) = read_mixed();
+    let lines: Vec<&str> = MIXED.lines().collect();
+    let expect: &[(u64, &str, &str)] = &[
+        (12, "result.confidence", "outside [0, 1]"),
+        (13, "validation", "unknown value \"maybe\""),
+        (14, "result.id", "not offered"),
+        (15, "candidates", "missing"),
+        (16, "(line)", "unparsable JSON"),
+        (17, "selectedProbability", "needs selectedProbability or confidence"),
+        (18, "stage", "unknown value \"postStep\""),
+        (19, "selectedProbability", "outside [0, 1]"),
+        (20, "at", "not an RFC 3339 time"),
+        (21, "outcome.status", "unknown value \"won\""),
+    ];
+    assert_eq!(bad.len(), expect.len(), "{bad:#?}");
+    for (b, (row, field, reason)) in bad.iter().zip(expect) {
+        assert_eq!(b.row, *row, "{b}");
+        assert_eq!(b.errors.len(), 1, "{b}");
+        assert_eq!(b.errors[0].field, *field, "{b}");
+        assert!(b.errors[0].reason.contains(reason), "{b}");
+        assert!(b.file.ends_with("mixed.jsonl"));
+        assert_eq!(&*b.raw(), lines[*row as usize - 1].as_bytes(), "bytes kept exactly");
+    }
+    assert_eq!(good.len(), 10);
+    assert_eq!(summary.records, 20, "the blank line is not a record");
+    assert_eq!(summary.bad, 10);
+    assert_eq!(summary.contract, 4);
+    assert_eq!(summary.keel, 6);
+    assert_eq!(summary.records, summary.bad + summary.contract + summary.keel);
+    assert_eq!(summary.sha256, sha256_of_files(&summary.files).unwrap());
+
+    // The quarantine holds the bad lines unchanged, in order.
+    let q = dir.path().join("thresholds.quarantine.jsonl");
+    let mut w = Quarantine::create(&q).unwrap();
+    for b in &bad {
+        w.add(b).unwrap();
+    }
+    assert_eq!(w.finish().unwrap(), 10);
+    let expected: String = expect.iter().map(|(row, _, _)| format!("{}\n", lines[*row as usize - 1])).collect();
+    assert_eq!(fs::read_to_string(&q).unwrap(), expected);
+}
+
+fn sample() -> Vec<Receipt> {
+    let (good, _, _, _d) = read_mixed();
+    let mut all = good;
+    all.push(Receipt {
+        id: "s1".into(),
+        at: "2026-11-30T12:00:00Z".into(),
+        point: "args".into(),
+        model: None,
+        candidates: vec!["o1".into(), "o2".into(), "o3".into()],
+        result: ReceiptResult::Pick { id: "o2".into(), confidence: 0.3 },
+        validation: Validation::Accepted,
+        fallback: Some(Fallback { used: false, to: None, reason: None }),
+        outcome: Some(Outcome { status: OutcomeStatus::Abandoned, duration_ms: None, retries: Some(0) }),
+        shadow: Some(Shadow { reference: "o1".into() }),
+        observed_outcome: None,
+    });
+    all
+}
+
+#[test]
+fn jsonl_and_parquet_round_trips_keep_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = sample();
+    let opts = ReadOptions { outcome: patterns(), progress: false };
+    for name in ["r.parquet", "r.jsonl"] {
+        let p = dir.path().join(name);
+        assert_eq!(write_receipts(&p, &all).unwrap(), all.len() as u64);
+        let (back, bad, s) = read_receipts(&[p], &opts).unwrap();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(back, all, "{name}");
+        assert_eq!(s.records, all.len() as u64);
+    }
+    // a folder of shards reads in name order
+    let shards = dir.path().join("shards");
+    fs::create_dir(&shards).unwrap();
+    write_receipts(shards.join("b.jsonl"), &all[5..]).unwrap();
+    write_receipts(shards.join("a.parquet"), &all[..5]).unwrap();
+    let (back, _, s) = read_receipts(&[shards], &opts).unwrap();
+    assert_eq!(back, all);
+    assert_eq!((s.parquet, s.contract), (5, all.len() as u64 - 5));
+}
+
+#[test]
+fn parquet_bad_rows_are_reported_and_kept_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = sample();
+    // The Parquet writer writes what it is given; make row 3 inconsistent and row 5 out of range.
+    if let ReceiptResult::Pick { id, .. } = &mut all[2].result {
+        *id = "not-offered".into();
+    }
+    all[2].validation = Validation::Accepted;
+    all[4].result = ReceiptResult::Pick { id: "inspect".into(), confidence: f64::NAN };
+    let p = dir.path().join("bad.parquet");
+    write_receipts(&p, &all).unwrap();
+    let (good, bad, s) = read_receipts(&[p], &ReadOptions::default()).unwrap();
+    assert_eq!(good.len(), all.len() - 2);
+    assert_eq!(s.bad, 2);
+    assert_eq!((bad[0].row, bad[0].errors[0].field.as_str()), (3, "result_id"));
+    assert_eq!((bad[1].row, bad[1].errors[0].field.as_str()), (5, "confidence"));
+    let row: serde_json::Value = serde_json::from_slice(&bad[0].raw()).unwrap();
+    assert_eq!(row["id"], all[2].id.as_str());
+    assert_eq!(row["result_id"], "not-offered");
+    assert_eq!(row["candidates"], serde_json::json!(all[2].candidates));
+}
+
+#[test]
+fn unknown_extension_and_missing_columns_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("r.csv");
+    fs::write(&p, "id\n").unwrap();
+    let e = read_receipts(&[p], &ReadOptions::default()).unwrap_err();
+    assert!(format!("{e:#}").contains("unknown format"), "{e:#}");
+}
