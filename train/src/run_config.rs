@@ -1,0 +1,493 @@
+//! The run config: one TOML file per training run, with `--set section.key=value` overrides.
+//!
+//! Every section and key is listed here; an unknown key (in the file or in `--set`) is an error
+//! that names it. The resolved config (file + overrides + defaults) is written into the run
+//! folder as `run.toml`, and into every checkpoint, so a run can always be reproduced and
+//! resumed. See `configs/tiny.toml` for every key with its meaning.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+
+/// The whole run config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Run name: the run folder's default name and the `model` field of shadow receipts.
+    pub name: String,
+    pub model: ModelSection,
+    pub data: DataSection,
+    #[serde(default)]
+    pub loss: LossSection,
+    #[serde(default)]
+    pub lora: LoraSection,
+    #[serde(default)]
+    pub optim: OptimSection,
+    pub train: TrainSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+}
+
+/// How the run starts from a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Init {
+    /// Load `source` (weights and tokenizer).
+    Pretrained,
+    /// Build the architecture in `[model.arch]` with random weights and a word-level tokenizer
+    /// made from the training states.
+    Random,
+}
+
+/// `full`: every weight trains. `lora`: only the adapters train, the base stays frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Full,
+    Lora,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    #[serde(default = "default_init")]
+    pub init: Init,
+    /// Local folder or Hub id (`Qwen/Qwen3-4B`, optionally `@revision`); required for
+    /// `init = "pretrained"`. A relative folder is taken from the config file's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// For `init = "random"`: the Qwen3 `config.json` fields of the model to build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<toml::Table>,
+    /// For `init = "random"`: tokens seen fewer times than this in the training states map to
+    /// the unknown token.
+    #[serde(default = "default_min_count")]
+    pub min_token_count: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// Training states (Parquet file or folder of shards, or JSON Lines). Relative paths are
+    /// taken from the current folder.
+    pub train: PathBuf,
+    /// Validation states; when absent, the `valid` split of `train` is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid: Option<PathBuf>,
+    /// Most options a state may offer; the tokenizer must label this many.
+    #[serde(default = "default_max_options")]
+    pub max_options: usize,
+    /// Longest prompt in tokens; longer prompts lose their oldest context.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Skip bad rows (written to `quarantine.jsonl` in the run folder) instead of refusing.
+    #[serde(default)]
+    pub skip_bad: bool,
+    /// Shuffle the candidate order per example per epoch (the answer moves with it).
+    #[serde(default = "yes")]
+    pub shuffle_options: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LossSection {
+    /// β: weight of the multi-class Brier term Σ_i (p_i − y_i)² (a sum over classes, in [0, 2]).
+    #[serde(default = "default_brier")]
+    pub brier_weight: f32,
+    /// λ: teacher share of the target when the teacher's arg-max is the answer.
+    #[serde(default = "default_blend")]
+    pub teacher_blend: f32,
+}
+
+impl Default for LossSection {
+    fn default() -> Self {
+        Self {
+            brier_weight: default_brier(),
+            teacher_blend: default_blend(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    pub rank: usize,
+    pub alpha: f32,
+    pub dropout: f32,
+    /// Projections that get adapters: any of q_proj, k_proj, v_proj, o_proj, gate_proj,
+    /// up_proj, down_proj.
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: ["q_proj", "k_proj", "v_proj", "o_proj"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+}
+
+/// The projections LoRA may target.
+pub const LORA_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimSection {
+    /// Peak learning rate.
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Decoupled weight decay, applied to matrices and embeddings only (not norms, biases).
+    pub weight_decay: f64,
+    pub warmup_steps: u64,
+    /// Final learning rate of the cosine decay, as a share of `lr`.
+    pub min_lr_ratio: f64,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Clip gradients to this global L2 norm (0 = no clipping).
+    pub clip: f64,
+}
+
+impl Default for OptimSection {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            warmup_steps: 100,
+            min_lr_ratio: 0.0,
+            grad_accum: 1,
+            clip: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    pub mode: Mode,
+    /// Optimizer steps; 0 = derive from `epochs`.
+    #[serde(default)]
+    pub max_steps: u64,
+    /// Passes over the training states (0 = no limit). With both set, training stops at
+    /// whichever comes first.
+    #[serde(default = "default_epochs")]
+    pub epochs: u64,
+    pub batch_size: usize,
+    #[serde(default)]
+    pub seed: u64,
+    /// Evaluate on the validation split every this many steps (0 = only at the end).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Write a checkpoint every this many steps (0 = only at the end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// Newest checkpoints to keep.
+    #[serde(default = "default_keep")]
+    pub keep_checkpoints: usize,
+    #[serde(default = "default_backend")]
+    pub backend: Backend,
+    /// Write a `metrics.jsonl` line every this many steps.
+    #[serde(default = "default_log_every")]
+    pub log_every: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalSection {
+    /// Batch size for scoring.
+    pub batch_size: usize,
+    /// Points with fewer validation states than this use the global temperature.
+    pub min_states_per_point: usize,
+    /// Extra candidate orders per state for the flip rate at the end of training (0 = skip).
+    pub permutations: usize,
+    /// At most this many validation states in the periodic evaluation (0 = all).
+    pub max_states: usize,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        Self {
+            batch_size: 64,
+            min_states_per_point: 50,
+            permutations: 2,
+            max_states: 0,
+        }
+    }
+}
+
+fn default_init() -> Init {
+    Init::Pretrained
+}
+fn default_min_count() -> usize {
+    1
+}
+fn default_max_options() -> usize {
+    26
+}
+fn default_max_tokens() -> usize {
+    1024
+}
+fn yes() -> bool {
+    true
+}
+fn default_brier() -> f32 {
+    0.5
+}
+fn default_blend() -> f32 {
+    0.3
+}
+fn default_epochs() -> u64 {
+    0
+}
+fn default_keep() -> usize {
+    2
+}
+fn default_backend() -> Backend {
+    Backend::Cpu
+}
+fn default_log_every() -> u64 {
+    10
+}
+
+impl RunConfig {
+    /// Read `path`, apply the `--set` overrides, check, and resolve relative model folders
+    /// against the config file's folder.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut cfg = Self::parse(&text, sets)
+            .with_context(|| format!("in run config {}", path.display()))?;
+        if let Some(src) = &cfg.model.source {
+            let base = path.parent().unwrap_or(Path::new("."));
+            let candidate = base.join(src);
+            if !Path::new(src).is_absolute() && !Path::new(src).exists() && candidate.exists() {
+                cfg.model.source = Some(candidate.to_string_lossy().into_owned());
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parse config text and apply overrides (`section.key=value`; the value is read as a TOML
+    /// value, and as a plain string when it is not one).
+    pub fn parse(text: &str, sets: &[String]) -> Result<Self> {
+        let mut table: toml::Table = toml::from_str(text).context("not valid TOML")?;
+        // Check the file alone first so its own mistakes are reported as such.
+        let _: RunConfig = table
+            .clone()
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        for s in sets {
+            apply_set(&mut table, s)?;
+        }
+        let cfg: RunConfig = table
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("after --set overrides: {e}"))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// The resolved config as TOML text (what `run.toml` holds).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("run config serialises")
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.model.init {
+            Init::Pretrained if self.model.source.is_none() => {
+                bail!("[model] init = \"pretrained\" needs `source` (a folder or a Hub id)")
+            }
+            Init::Random if self.model.arch.is_none() => {
+                bail!("[model] init = \"random\" needs a [model.arch] table")
+            }
+            _ => {}
+        }
+        if self.train.batch_size == 0 {
+            bail!("[train] batch_size must be at least 1");
+        }
+        if self.optim.grad_accum == 0 {
+            bail!("[optim] grad_accum must be at least 1");
+        }
+        if self.train.max_steps == 0 && self.train.epochs == 0 {
+            bail!("[train] set max_steps or epochs");
+        }
+        if !(0.0..=1.0).contains(&self.loss.teacher_blend) {
+            bail!("[loss] teacher_blend must be in [0, 1]");
+        }
+        if self.loss.brier_weight < 0.0 {
+            bail!("[loss] brier_weight must not be negative");
+        }
+        if self.data.max_options < 2 {
+            bail!("[data] max_options must be at least 2");
+        }
+        if self.train.mode == Mode::Lora {
+            if self.lora.rank == 0 {
+                bail!("[lora] rank must be at least 1");
+            }
+            if self.lora.targets.is_empty() {
+                bail!("[lora] targets is empty");
+            }
+            for t in &self.lora.targets {
+                if !LORA_TARGETS.contains(&t.as_str()) {
+                    bail!(
+                        "[lora] unknown target `{t}`; expected some of {}",
+                        LORA_TARGETS.join(", ")
+                    );
+                }
+            }
+            if !(0.0..1.0).contains(&self.lora.dropout) {
+                bail!("[lora] dropout must be in [0, 1)");
+            }
+            if self.model.init == Init::Random {
+                bail!(
+                    "[train] mode = \"lora\" needs a pretrained base ([model] init = \"pretrained\")"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Apply one `section.key=value` (or `key=value` for a top-level key) to the table.
+fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
+    let (key, raw) = set
+        .split_once('=')
+        .with_context(|| format!("--set {set}: expected section.key=value"))?;
+    let key = key.trim();
+    let value = parse_value(raw.trim());
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("--set {set}: empty key part");
+    }
+    let mut t = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry
+            .as_table_mut()
+            .with_context(|| format!("--set {set}: `{p}` is not a section"))?;
+    }
+    t.insert(parts[parts.len() - 1].to_string(), value);
+    // Unknown keys are caught by deserialisation; make the error name the override.
+    let probe: Result<RunConfig, _> = toml::Value::Table(root_of(set, key, raw)?).try_into();
+    if let Err(e) = probe {
+        let msg = e.to_string();
+        if msg.contains("unknown field") {
+            bail!("--set {set}: unknown key `{key}` ({})", msg.trim());
+        }
+    }
+    Ok(())
+}
+
+/// A minimal table holding only the override, to tell unknown keys from missing ones.
+fn root_of(set: &str, key: &str, raw: &str) -> Result<toml::Table> {
+    let _ = set;
+    let mut root = toml::Table::new();
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut t = &mut root;
+    for p in &parts[..parts.len() - 1] {
+        t = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .expect("fresh table");
+    }
+    t.insert(parts[parts.len() - 1].to_string(), parse_value(raw.trim()));
+    Ok(root)
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+name = "t"
+[model]
+init = "random"
+[model.arch]
+hidden_size = 32
+[data]
+train = "states.jsonl"
+[train]
+mode = "full"
+batch_size = 4
+max_steps = 10
+"#;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = RunConfig::parse(MIN, &[]).unwrap();
+        assert_eq!(c.optim.eps, 1e-8);
+        assert_eq!(c.train.max_steps, 10);
+        let c = RunConfig::parse(
+            MIN,
+            &[
+                "train.max_steps=20".into(),
+                "optim.lr=3e-4".into(),
+                "name=other".into(),
+                "data.valid=v.jsonl".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.train.max_steps, 20);
+        assert_eq!(c.optim.lr, 3e-4);
+        assert_eq!(c.name, "other");
+        assert_eq!(c.data.valid.as_deref(), Some(Path::new("v.jsonl")));
+        // a resolved config parses back to itself
+        assert_eq!(RunConfig::parse(&c.to_toml(), &[]).unwrap(), c);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let e = RunConfig::parse(MIN, &["train.batchsize=3".into()]).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("train.batchsize"), "{msg}");
+        let bad = MIN.replace("batch_size = 4", "batch_size = 4\nbatchsize = 4");
+        let e = RunConfig::parse(&bad, &[]).unwrap_err();
+        assert!(format!("{e:#}").contains("batchsize"), "{e:#}");
+        let e = RunConfig::parse(MIN, &["nosuch.key=1".into()]).unwrap_err();
+        assert!(format!("{e:#}").contains("nosuch.key"), "{e:#}");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        assert!(RunConfig::parse(MIN, &["train.mode=lora".into()]).is_err()); // lora needs a base
+        assert!(RunConfig::parse(MIN, &["loss.teacher_blend=1.5".into()]).is_err());
+        assert!(RunConfig::parse(MIN, &["train.batch_size=zero".into()]).is_err());
+        let lora = MIN
+            .replace("init = \"random\"", "init = \"pretrained\"\nsource = \"m\"")
+            .replace("mode = \"full\"", "mode = \"lora\"");
+        assert!(RunConfig::parse(&lora, &[]).is_ok());
+        assert!(RunConfig::parse(&lora, &["lora.targets=[\"qkv\"]".into()]).is_err());
+    }
+}

@@ -1,0 +1,968 @@
+//! `decision train`: supervised fine-tuning on recorded decision states.
+//!
+//! # The run folder
+//!
+//! ```text
+//! RUN_DIR/
+//!   run.toml              the resolved run config (file + --set overrides + defaults)
+//!   metrics.jsonl         one JSON object per line: {"kind":"train", step, epoch, loss, lr,
+//!                         grad_norm, tokens, tokens_per_s, elapsed_s} every `log_every` steps,
+//!                         {"kind":"eval", step, split:"valid", n, accuracy, nll, brier, ece, loss}
+//!                         every `eval_every` steps, and one {"kind":"final", ...} line
+//!   quarantine.jsonl      only with [data] skip_bad: the rejected rows, untouched
+//!                         (+ quarantine.errors.jsonl saying what is wrong with each)
+//!   tokenizer.json        for init = "random": the word-level tokenizer built from the data
+//!   checkpoints/step-NNNNNNN/   see [`crate::checkpoint`] (atomic, COMPLETE marker, newest kept)
+//!   final/                a model folder `DecisionModel::load` reads: config.json,
+//!                         model.safetensors (f32; for LoRA runs the adapters merged into the
+//!                         base), tokenizer.json, decision.json (prompt, labels, max_options,
+//!                         max_tokens, the fitted temperature per decision point and the global
+//!                         one), and for LoRA runs adapter/ (PEFT layout: adapter_config.json with
+//!                         base_model_name_or_path = the base, adapter_model.safetensors)
+//!   summary.json          validation metrics at T = 1 and at the fitted temperatures, ECE
+//!                         before/after, flip rate, temperatures, steps, tokens/s, wall time
+//!   plots/loss.svg        training loss per step and validation loss per evaluation
+//!   plots/reliability.svg reliability diagram on the validation split, before/after T
+//! ```
+//!
+//! # Determinism and resume
+//!
+//! The epoch order is a shuffle seeded by (seed, epoch); the candidate order of example `i` in
+//! epoch `e` by (seed, e, i); the dropout stream is reseeded by (seed, step, micro-batch) before
+//! every forward pass. So the whole random state of a run is its seed plus the data position,
+//! which the checkpoint stores; `--resume` continues from the newest complete checkpoint exactly
+//! as if the run had not stopped (same backend).
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::Device;
+use decision_data::{Split, SplitRatios, State};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+use crate::calibration::{self, Temperatures};
+use crate::checkpoint::{self, PendingCheckpoint, TrainerState};
+use crate::config::Qwen3Config;
+use crate::decision_model::{DecisionModel, LoadOptions};
+use crate::lora::{self, LoraSpec};
+use crate::loss::{LossTargets, LossWeights, batch_loss};
+use crate::metrics::{Bin, Report, ScoredState};
+use crate::model::Batch;
+use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm};
+use crate::run_config::{Init, Mode, RunConfig};
+use crate::spec::{DecisionSpec, PromptTemplate};
+
+/// `decision train`
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    after_help = "Example:\n  decision train --config configs/tiny.toml --out runs/tiny-v1\n  \
+decision train --config configs/tiny.toml --set train.max_steps=50 --set optim.lr=3e-4\n  \
+decision train --config configs/tiny.toml --out runs/tiny-v1 --resume"
+)]
+pub struct TrainArgs {
+    /// The run config (TOML); see configs/tiny.toml for every key.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override a config key, e.g. `--set train.max_steps=200` (repeatable; unknown keys are errors).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Continue the run in the run folder from its newest complete checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Run folder (default: runs/<name>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: &TrainArgs) -> Result<std::process::ExitCode> {
+    let cfg = RunConfig::load(&args.config, &args.set)?;
+    let run_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
+    let opts = TrainOptions {
+        resume: args.resume,
+        progress: std::io::stderr().is_terminal(),
+        stop_after: None,
+    };
+    let s = train(&cfg, &run_dir, &opts)?;
+    println!("run folder      {}", run_dir.display());
+    println!(
+        "steps           {} ({:.0} tokens/s, {:.1} s)",
+        s.steps, s.tokens_per_s, s.wall_s
+    );
+    println!(
+        "valid           n = {}  accuracy {:.4}  nll {:.4}  brier {:.4}",
+        s.valid_after.n, s.valid_after.accuracy, s.valid_after.nll, s.valid_after.brier
+    );
+    println!(
+        "ECE             {:.4} at T = 1 -> {:.4} at the fitted temperatures",
+        s.valid_before.ece, s.valid_after.ece
+    );
+    if let Some(f) = s.flip_rate {
+        println!(
+            "flip rate       {:.4} ({} extra candidate orders)",
+            f, cfg.eval.permutations
+        );
+    }
+    println!(
+        "temperatures    global {:.3} {:?}",
+        s.temperatures.global, s.temperatures.points
+    );
+    println!("model           {}", run_dir.join("final").display());
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// How to run [`train`].
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    pub resume: bool,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// Stop (after checkpointing) once this many steps are done, without finishing the run:
+    /// what an interrupted run looks like. For tests.
+    pub stop_after: Option<u64>,
+}
+
+/// What a finished run reports (also written to `summary.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainSummary {
+    pub schema: String,
+    pub name: String,
+    pub steps: u64,
+    pub tokens: u64,
+    pub tokens_per_s: f64,
+    pub wall_s: f64,
+    pub trainable_params: usize,
+    pub total_params: usize,
+    pub valid_before: crate::metrics::Metrics,
+    pub valid_after: crate::metrics::Metrics,
+    pub report_after: Report,
+    pub flip_rate: Option<f64>,
+    pub temperatures: Temperatures,
+    pub final_train_loss: Option<f32>,
+    /// True when the run stopped early (`stop_after`) and `final/` was not written.
+    pub interrupted: bool,
+}
+
+/// Derive a seed for a sub-stream: (seed, a, b) → u64 (SplitMix64 of a simple mix).
+pub fn mix_seed(seed: u64, a: u64, b: u64) -> u64 {
+    let mut z =
+        seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The order of the training examples in epoch `epoch`.
+pub fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(seed, 1 + epoch, 0));
+    order.shuffle(&mut rng);
+    order
+}
+
+/// The candidate order of example `index` in epoch `epoch` (identity when not shuffling).
+pub fn candidate_order(seed: u64, epoch: u64, index: usize, k: usize, shuffle: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..k).collect();
+    if shuffle {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(
+            seed,
+            0x5eed_0000 + epoch,
+            index as u64 + 1,
+        ));
+        order.shuffle(&mut rng);
+    }
+    order
+}
+
+/// `state` with its candidates (and teacher) presented in `order` (`order[i]` = original index
+/// of the candidate shown at position `i`); the answer id moves with its candidate.
+pub fn permuted(state: &State, order: &[usize]) -> State {
+    let mut s = state.clone();
+    s.candidates = order.iter().map(|&i| state.candidates[i].clone()).collect();
+    s.teacher = state
+        .teacher
+        .as_ref()
+        .map(|t| order.iter().map(|&i| t[i]).collect());
+    s
+}
+
+/// Read states (one file, a folder of shards, JSON Lines or Parquet), checked against the
+/// contract. Bad rows fail the run, or with `quarantine` are written there and skipped.
+pub fn load_states(
+    path: &Path,
+    max_options: usize,
+    quarantine: Option<&Path>,
+) -> Result<Vec<State>> {
+    let opts = decision_data::ValidateOptions {
+        max_options,
+        ..Default::default()
+    };
+    let paths = [path.to_path_buf()];
+    let Some(qpath) = quarantine else {
+        return decision_data::read_states(&paths, opts);
+    };
+    let mut q = decision_data::Quarantine::create(qpath)?;
+    let mut states = Vec::new();
+    for item in decision_data::StateReader::open(&paths)?.validated(opts) {
+        match item? {
+            Ok(row) => states.push(row.value),
+            Err(bad) => q.add(&bad)?,
+        }
+    }
+    let n = q.finish()?;
+    if n > 0 {
+        eprintln!(
+            "skipped {n} bad row(s) of {}; they are in {}",
+            path.display(),
+            qpath.display()
+        );
+    }
+    Ok(states)
+}
+
+/// Training and validation states of a run (see the module docs for the rule).
+///
+/// Training: the rows of `[data] train` whose split is `train` (explicit, or by hashing the
+/// task id when absent — absent counts as `train` when a separate `valid` file is given).
+/// Validation: every row of `[data] valid`, or when there is none, the rows of `train` whose
+/// split is `valid`. Test rows are never used.
+pub fn load_run_states(cfg: &RunConfig, run_dir: &Path) -> Result<(Vec<State>, Vec<State>)> {
+    let quarantine = cfg.data.skip_bad.then(|| run_dir.join("quarantine.jsonl"));
+    let all = load_states(&cfg.data.train, cfg.data.max_options, quarantine.as_deref())?;
+    let ratios = SplitRatios::default();
+    let separate_valid = cfg.data.valid.is_some();
+    let split_of = |s: &State| match s.split.as_deref().and_then(Split::parse) {
+        Some(sp) => sp,
+        None if separate_valid => Split::Train,
+        None => ratios.split_of_task(&s.task_id),
+    };
+    let (mut train, mut valid) = (Vec::new(), Vec::new());
+    for s in all {
+        match split_of(&s) {
+            Split::Train => train.push(s),
+            Split::Valid if !separate_valid => valid.push(s),
+            _ => {}
+        }
+    }
+    if let Some(v) = &cfg.data.valid {
+        let q = cfg
+            .data
+            .skip_bad
+            .then(|| run_dir.join("quarantine.valid.jsonl"));
+        valid = load_states(v, cfg.data.max_options, q.as_deref())?;
+    }
+    let unlabeled = train.iter().filter(|s| s.answer.is_none()).count();
+    train.retain(|s| s.answer.is_some());
+    if unlabeled > 0 {
+        eprintln!("{unlabeled} unlabeled training state(s) have no answer and are not trained on");
+    }
+    valid.retain(|s| s.answer.is_some());
+    if train.is_empty() {
+        bail!("{}: no labelled training states", cfg.data.train.display());
+    }
+    if valid.is_empty() {
+        bail!(
+            "no labelled validation states (give [data] valid, or states whose split is `valid`)"
+        );
+    }
+    Ok((train, valid))
+}
+
+/// Build the starting model: a pretrained folder / Hub id, or a fresh random model with a
+/// word-level tokenizer made from `train`.
+pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Result<DecisionModel> {
+    match cfg.model.init {
+        Init::Pretrained => {
+            let src = cfg.model.source.as_deref().expect("checked");
+            let backend = cfg.train.backend;
+            let dm = DecisionModel::load(
+                src,
+                &LoadOptions {
+                    backend,
+                    ..Default::default()
+                },
+            )?;
+            let mut spec = dm.spec.clone();
+            spec.max_options = cfg.data.max_options;
+            spec.max_tokens = cfg.data.max_tokens;
+            spec.label_token_ids.clear();
+            let tok = dm.prompter.tokenizer.clone();
+            DecisionModel::from_parts(dm.config, dm.model, tok, Some(spec), &dm.origin)
+        }
+        Init::Random => {
+            let mut spec = DecisionSpec::defaults(PromptTemplate::plain());
+            spec.max_options = cfg.data.max_options;
+            spec.max_tokens = cfg.data.max_tokens;
+            let literal = crate::prompt::Template::parse(&spec.template)?.literal_text();
+            let labels: Vec<&str> = spec
+                .labels
+                .iter()
+                .take(spec.max_options)
+                .map(String::as_str)
+                .collect();
+            let mut required = vec![literal.as_str()];
+            required.extend(labels);
+            let corpus = train.iter().flat_map(|s| {
+                std::iter::once(s.point.as_str())
+                    .chain(std::iter::once(s.context.as_str()))
+                    .chain(s.candidates.iter().map(|c| c.label.as_str()))
+            });
+            let opts = crate::tokenizer::WordLevelOptions {
+                min_count: cfg.model.min_token_count,
+                max_vocab: None,
+            };
+            let tok = crate::tokenizer::build_word_level(corpus, &required, &opts)?;
+            let arch = cfg.model.arch.clone().expect("checked");
+            let mut json = serde_json::to_value(&arch)?;
+            json["model_type"] = "qwen3".into();
+            if json.get("vocab_size").is_none() {
+                json["vocab_size"] = tok.get_vocab_size(true).into();
+            }
+            let qcfg = Qwen3Config::from_json(&json).context("[model.arch]")?;
+            device.seed(mix_seed(cfg.train.seed, 0x1417, 0));
+            let std = json
+                .get("initializer_range")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.02);
+            let model = crate::model::init_random(&qcfg, std, device);
+            DecisionModel::from_parts(qcfg, model, tok, Some(spec), "random init")
+        }
+    }
+}
+
+fn lora_spec(cfg: &RunConfig) -> LoraSpec {
+    LoraSpec {
+        rank: cfg.lora.rank,
+        alpha: cfg.lora.alpha,
+        dropout: cfg.lora.dropout,
+        targets: cfg.lora.targets.clone(),
+    }
+}
+
+fn adamw_settings(cfg: &RunConfig) -> AdamWSettings {
+    AdamWSettings {
+        beta1: cfg.optim.beta1,
+        beta2: cfg.optim.beta2,
+        eps: cfg.optim.eps,
+        weight_decay: cfg.optim.weight_decay,
+    }
+}
+
+/// Steps the run makes in total.
+pub fn total_steps(cfg: &RunConfig, n_train: usize) -> u64 {
+    let per_step = (cfg.train.batch_size * cfg.optim.grad_accum) as u64;
+    let by_epochs = (cfg.train.epochs * n_train as u64)
+        .div_ceil(per_step)
+        .max(1);
+    match cfg.train.max_steps {
+        0 => by_epochs,
+        m if cfg.train.epochs == 0 => m,
+        m => m.min(by_epochs),
+    }
+}
+
+/// The training data stream: epoch orders and candidate orders from the seed.
+struct Stream<'a> {
+    states: &'a [State],
+    seed: u64,
+    shuffle: bool,
+    epoch: u64,
+    position: usize,
+    order: Vec<usize>,
+}
+
+impl<'a> Stream<'a> {
+    fn new(states: &'a [State], seed: u64, shuffle: bool, epoch: u64, position: usize) -> Self {
+        let order = epoch_order(seed, epoch, states.len());
+        Self {
+            states,
+            seed,
+            shuffle,
+            epoch,
+            position,
+            order,
+        }
+    }
+
+    fn next(&mut self) -> State {
+        if self.position >= self.order.len() {
+            self.epoch += 1;
+            self.position = 0;
+            self.order = epoch_order(self.seed, self.epoch, self.states.len());
+        }
+        let i = self.order[self.position];
+        self.position += 1;
+        let s = &self.states[i];
+        permuted(
+            s,
+            &candidate_order(self.seed, self.epoch, i, s.candidates.len(), self.shuffle),
+        )
+    }
+}
+
+/// One training micro-batch on the host.
+struct MicroBatch {
+    batch: Batch,
+    targets: LossTargets,
+    label_ids: Vec<u32>,
+    tokens: u64,
+}
+
+fn micro_batch(dm: &DecisionModel, states: &[State], teacher_blend: f32) -> Result<MicroBatch> {
+    let mut rows = Vec::with_capacity(states.len());
+    let mut tgt = Vec::with_capacity(states.len());
+    for s in states {
+        let e = dm.prompter.encode(s)?;
+        let teacher = s
+            .teacher
+            .as_ref()
+            .map(|t| t.iter().map(|&x| x as f32).collect());
+        tgt.push((
+            s.candidates.len(),
+            s.answer_index().expect("labelled"),
+            teacher,
+        ));
+        rows.push(e.input_ids);
+    }
+    let kmax = tgt.iter().map(|t| t.0).max().unwrap_or(0);
+    let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+    let tokens = rows.iter().map(|r| r.len() as u64).sum();
+    Ok(MicroBatch {
+        batch: Batch::left_padded(&refs, dm.pad_id),
+        targets: LossTargets::build(&tgt, teacher_blend),
+        label_ids: dm.prompter.label_token_ids[..kmax].to_vec(),
+        tokens,
+    })
+}
+
+fn append_metrics(path: &Path, value: &serde_json::Value) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{value}").with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Count parameters: (trainable, total).
+fn param_counts(model: &crate::model::Qwen3) -> (usize, usize) {
+    struct V {
+        trainable: usize,
+        total: usize,
+    }
+    impl burn::module::ModuleVisitor for V {
+        fn visit_float<const D: usize>(
+            &mut self,
+            p: &burn::module::Param<burn::tensor::Tensor<D>>,
+        ) {
+            let n = p.shape().num_elements();
+            self.total += n;
+            if p.is_require_grad() {
+                self.trainable += n;
+            }
+        }
+    }
+    let mut v = V {
+        trainable: 0,
+        total: 0,
+    };
+    model.visit(&mut v);
+    (v.trainable, v.total)
+}
+
+/// Train according to `cfg` into `run_dir`.
+pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+    let started = Instant::now();
+    let resume_from = if opts.resume {
+        let saved = run_dir.join("run.toml");
+        let text = std::fs::read_to_string(&saved)
+            .with_context(|| format!("--resume: {} has no run to continue", run_dir.display()))?;
+        let prev = RunConfig::parse(&text, &[]).with_context(|| saved.display().to_string())?;
+        if prev != *cfg {
+            bail!(
+                "--resume: the config differs from the run's own {} (resume with the same config and --set overrides)",
+                saved.display()
+            );
+        }
+        checkpoint::latest(run_dir)?
+    } else {
+        if checkpoint::latest(run_dir)?.is_some() || run_dir.join("final").exists() {
+            bail!(
+                "{} already holds a run; pass --resume to continue it, or choose another --out",
+                run_dir.display()
+            );
+        }
+        None
+    };
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    decision_data::atomic::write_atomic(run_dir.join("run.toml"), cfg.to_toml().as_bytes())?;
+
+    let (train_states, valid_states) = load_run_states(cfg, run_dir)?;
+    let plain = crate::backend::device(cfg.train.backend)?;
+    let dm = initial_model(cfg, &train_states, &plain)?;
+    if cfg.model.init == Init::Random {
+        crate::tokenizer::save(dm.tokenizer(), &run_dir.join("tokenizer.json"))?;
+    }
+    let lspec = (cfg.train.mode == Mode::Lora).then(|| lora_spec(cfg));
+    let base_ref = cfg.model.source.clone().unwrap_or_default();
+
+    // Model and optimizer state: fresh, or from the checkpoint.
+    let mut state = TrainerState::new(cfg.train.seed);
+    let mut opt = AdamW::new(adamw_settings(cfg));
+    let mut model = dm.model.clone();
+    if let Some(spec) = &lspec {
+        model = lora::attach(model, spec, cfg.train.seed);
+    }
+    if let Some((step, dir)) = &resume_from {
+        state = checkpoint::read_state(dir)?;
+        if state.step != *step {
+            bail!(
+                "{}: trainer state says step {}, folder says {step}",
+                dir.display(),
+                state.step
+            );
+        }
+        model = match &lspec {
+            Some(_) => lora::load_peft(dm.model.clone(), &dir.join("adapter"))?.0,
+            None => {
+                let files = crate::weights::weight_files(&dir.join("model"))?;
+                crate::weights::load_model(
+                    &dm.config,
+                    &files,
+                    &dir.display().to_string(),
+                    &plain,
+                    dm.dtype(),
+                )?
+            }
+        };
+        let (tensors, _) = checkpoint::read_tensors(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+        opt = AdamW::import(adamw_settings(cfg), state.step, tensors, &plain)?;
+        eprintln!("resuming {} from step {step}", run_dir.display());
+    }
+    let mut model = model.train();
+    if lspec.is_none() {
+        model = model.set_require_grad(true);
+    }
+    let (trainable, total) = param_counts(&model);
+
+    let total_steps = total_steps(cfg, train_states.len());
+    let schedule = Schedule {
+        peak: cfg.optim.lr,
+        warmup: cfg.optim.warmup_steps,
+        total: total_steps,
+        min_ratio: cfg.optim.min_lr_ratio,
+    };
+    let weights = LossWeights {
+        brier_weight: cfg.loss.brier_weight,
+        teacher_blend: cfg.loss.teacher_blend,
+    };
+    let metrics_path = run_dir.join("metrics.jsonl");
+    if resume_from.is_none() {
+        decision_data::atomic::write_atomic(&metrics_path, b"")?;
+    }
+    let device = plain.clone().autodiff();
+    let _ = &device;
+    let bar = progress_bar(opts.progress, total_steps, state.step);
+    let mut stream = Stream::new(
+        &train_states,
+        cfg.train.seed,
+        cfg.data.shuffle_options,
+        state.epoch,
+        state.position,
+    );
+    let loop_started = Instant::now();
+    let tokens_at_start = state.tokens;
+    let mut window_tokens = 0u64;
+    let mut window_start = Instant::now();
+    let save_checkpoint = |model: &crate::model::Qwen3,
+                           opt: &AdamW,
+                           state: &TrainerState|
+     -> Result<()> {
+        let c = PendingCheckpoint::begin(run_dir, state.step, cfg.train.keep_checkpoints)?;
+        match &lspec {
+            Some(spec) => lora::save_peft(model, spec, &base_ref, &c.path().join("adapter"))?,
+            None => {
+                let snapshot = DecisionModel::from_parts(
+                    dm.config.clone(),
+                    model.valid(),
+                    dm.prompter.tokenizer.clone(),
+                    Some(dm.spec.clone()),
+                    "checkpoint",
+                )?;
+                snapshot.save(&c.path().join("model"))?;
+            }
+        }
+        let mut meta = BTreeMap::new();
+        meta.insert("step".to_string(), opt.step.to_string());
+        checkpoint::write_tensors(
+            &c.path().join(checkpoint::OPTIMIZER_FILE),
+            &opt.export(),
+            meta,
+        )?;
+        checkpoint::write_state(c.path(), state)?;
+        decision_data::atomic::write_atomic(c.path().join("run.toml"), cfg.to_toml().as_bytes())?;
+        c.commit()?;
+        Ok(())
+    };
+
+    while state.step < total_steps {
+        if opts.stop_after.is_some_and(|n| state.step >= n) {
+            break;
+        }
+        let mut acc: GradientsAccumulator<crate::model::Qwen3> = GradientsAccumulator::new();
+        let mut loss_sum = 0.0f32;
+        for micro in 0..cfg.optim.grad_accum {
+            let states: Vec<State> = (0..cfg.train.batch_size).map(|_| stream.next()).collect();
+            let mb = micro_batch(&dm, &states, weights.teacher_blend)?;
+            model
+                .device()
+                .seed(mix_seed(cfg.train.seed, 0xd0 + state.step, micro as u64));
+            let logits = model.answer_logits(&mb.batch, &mb.label_ids);
+            let (absent, q, onehot) = mb.targets.tensors(&logits.device());
+            let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
+            let loss = loss.div_scalar(cfg.optim.grad_accum as f32);
+            let value: f32 = loss.clone().into_scalar();
+            if !value.is_finite() {
+                bail!(
+                    "the training loss became {value} at step {}; lower [optim] lr or raise warmup",
+                    state.step + 1
+                );
+            }
+            loss_sum += value;
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            acc.accumulate(&model, grads);
+            state.tokens += mb.tokens;
+            window_tokens += mb.tokens;
+        }
+        let mut grads = acc.grads();
+        let norm = global_grad_norm(&model, &grads);
+        let lr = schedule.lr(state.step);
+        model = opt.update(model, &mut grads, lr, clip_factor(norm, cfg.optim.clip));
+        state.step += 1;
+        state.epoch = stream.epoch;
+        state.position = stream.position;
+        state.losses.push(loss_sum);
+        let elapsed = loop_started.elapsed().as_secs_f64();
+        let tps = (state.tokens - tokens_at_start) as f64 / elapsed.max(1e-9);
+        if let Some(b) = &bar {
+            b.set_position(state.step);
+            b.set_message(format!("loss {loss_sum:.4}  lr {lr:.2e}  {tps:.0} tok/s"));
+        }
+        if state.step % cfg.train.log_every.max(1) == 0 || state.step == total_steps {
+            let window = window_start.elapsed().as_secs_f64();
+            let line = serde_json::json!({
+                "kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss_sum,
+                "lr": lr, "grad_norm": norm, "tokens": state.tokens,
+                "tokens_per_s": window_tokens as f64 / window.max(1e-9),
+                "elapsed_s": started.elapsed().as_secs_f64(),
+            });
+            append_metrics(&metrics_path, &line)?;
+            window_tokens = 0;
+            window_start = Instant::now();
+        }
+        if cfg.train.eval_every > 0
+            && state.step % cfg.train.eval_every == 0
+            && state.step < total_steps
+        {
+            let eval_model = DecisionModel {
+                model: model.valid(),
+                ..clone_shell(&dm)
+            };
+            let n = match cfg.eval.max_states {
+                0 => valid_states.len(),
+                m => m.min(valid_states.len()),
+            };
+            let scored =
+                crate::eval::score_states(&eval_model, &valid_states[..n], cfg.eval.batch_size)?;
+            let r = Report::new(&scored, &|_| 1.0);
+            let vloss = crate::eval::mean_loss(&scored, &valid_states[..n], weights);
+            let line = serde_json::json!({
+                "kind": "eval", "step": state.step, "split": "valid", "n": r.overall.n,
+                "accuracy": r.overall.accuracy, "nll": r.overall.nll, "brier": r.overall.brier,
+                "ece": r.overall.ece, "loss": vloss,
+            });
+            append_metrics(&metrics_path, &line)?;
+            if let Some(b) = &bar {
+                b.println(format!(
+                    "step {}: valid accuracy {:.4}, loss {vloss:.4}",
+                    state.step, r.overall.accuracy
+                ));
+            }
+        }
+        if cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 {
+            save_checkpoint(&model, &opt, &state)?;
+        }
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let steps_done_now = checkpoint::latest(run_dir)?.map(|c| c.0);
+    if steps_done_now != Some(state.step) {
+        save_checkpoint(&model, &opt, &state)?;
+    }
+    let loop_s = loop_started.elapsed().as_secs_f64();
+    let tokens_per_s = (state.tokens - tokens_at_start) as f64 / loop_s.max(1e-9);
+    let interrupted = state.step < total_steps;
+    if interrupted {
+        let empty = Report::new(&[], &|_| 1.0);
+        return Ok(TrainSummary {
+            schema: "decision-train-summary/1".into(),
+            name: cfg.name.clone(),
+            steps: state.step,
+            tokens: state.tokens,
+            tokens_per_s,
+            wall_s: started.elapsed().as_secs_f64(),
+            trainable_params: trainable,
+            total_params: total,
+            valid_before: empty.overall,
+            valid_after: empty.overall,
+            report_after: empty,
+            flip_rate: None,
+            temperatures: Temperatures::default(),
+            final_train_loss: state.losses.last().copied(),
+            interrupted: true,
+        });
+    }
+
+    // Final evaluation, temperatures, final/ and plots.
+    let final_model = match &lspec {
+        Some(_) => lora::merge(model.valid()),
+        None => model.valid(),
+    };
+    let mut fin = DecisionModel {
+        model: final_model,
+        ..clone_shell(&dm)
+    };
+    let scored = crate::eval::score_states(&fin, &valid_states, cfg.eval.batch_size)?;
+    let temps = calibration::fit(&scored, cfg.eval.min_states_per_point);
+    let before = Report::new(&scored, &|_| 1.0);
+    let after = Report::new(&scored, &|s| temps.for_point(&s.point));
+    let flip_rate = if cfg.eval.permutations > 0 {
+        Some(crate::eval::flip_rate(
+            &fin,
+            &valid_states,
+            cfg.eval.permutations,
+            cfg.train.seed,
+            cfg.eval.batch_size,
+        )?)
+    } else {
+        None
+    };
+    let mut after_report = after.clone();
+    after_report.flip_rate = flip_rate;
+    fin.spec.temperature = temps.global as f64;
+    fin.spec.temperatures = temps
+        .points
+        .iter()
+        .map(|(k, v)| (k.clone(), *v as f64))
+        .collect();
+    let mut points: Vec<String> = train_states.iter().map(|s| s.point.clone()).collect();
+    points.sort();
+    points.dedup();
+    fin.spec.points = points;
+    {
+        let final_dir = run_dir.join("final");
+        let tmp = run_dir.join(".final.tmp");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        fin.save(&tmp)?;
+        if let Some(spec) = &lspec {
+            lora::save_peft(&model.valid(), spec, &base_ref, &tmp.join("adapter"))?;
+        }
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir)?;
+        }
+        std::fs::rename(&tmp, &final_dir)
+            .with_context(|| format!("publishing {}", final_dir.display()))?;
+        write_plots(run_dir, &metrics_path, &scored, &temps)?;
+    }
+    let summary = TrainSummary {
+        schema: "decision-train-summary/1".into(),
+        name: cfg.name.clone(),
+        steps: state.step,
+        tokens: state.tokens,
+        tokens_per_s,
+        wall_s: started.elapsed().as_secs_f64(),
+        trainable_params: trainable,
+        total_params: total,
+        valid_before: before.overall,
+        valid_after: after.overall,
+        report_after: after_report,
+        flip_rate,
+        temperatures: temps,
+        final_train_loss: state.losses.last().copied(),
+        interrupted: false,
+    };
+    append_metrics(
+        &metrics_path,
+        &serde_json::json!({
+            "kind": "final", "step": state.step,
+            "accuracy": summary.valid_after.accuracy, "ece_before": summary.valid_before.ece,
+            "ece_after": summary.valid_after.ece, "nll_after": summary.valid_after.nll,
+            "flip_rate": flip_rate, "tokens_per_s": tokens_per_s,
+        }),
+    )?;
+    {
+        decision_data::atomic::write_json_atomic(run_dir.join("summary.json"), &summary)?;
+    }
+    Ok(summary)
+}
+
+/// A DecisionModel sharing `dm`'s config, spec and tokenizer, with a placeholder model to be
+/// replaced by the caller (`DecisionModel { model, ..clone_shell(dm) }`).
+fn clone_shell(dm: &DecisionModel) -> DecisionModel {
+    DecisionModel {
+        config: dm.config.clone(),
+        model: dm.model.clone(),
+        spec: dm.spec.clone(),
+        prompter: dm.prompter.clone(),
+        pad_id: dm.pad_id,
+        device: dm.device.clone(),
+        origin: dm.origin.clone(),
+    }
+}
+
+fn progress_bar(show: bool, total: u64, at: u64) -> Option<indicatif::ProgressBar> {
+    if !show {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(total);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
+            .expect("valid template"),
+    );
+    b.set_position(at);
+    Some(b)
+}
+
+/// `plots/loss.svg` and `plots/reliability.svg`.
+fn write_plots(
+    run_dir: &Path,
+    metrics: &Path,
+    scored: &[ScoredState],
+    temps: &Temperatures,
+) -> Result<()> {
+    let text = std::fs::read_to_string(metrics)?;
+    let (mut train, mut valid) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let step = v["step"].as_f64().unwrap_or(0.0);
+        match v["kind"].as_str() {
+            Some("train") => train.push((step, v["loss"].as_f64().unwrap_or(f64::NAN))),
+            Some("eval") => valid.push((step, v["loss"].as_f64().unwrap_or(f64::NAN))),
+            _ => {}
+        }
+    }
+    let loss = crate::plots::line_chart(
+        "loss (cross-entropy + Brier)",
+        "step",
+        "loss",
+        &[
+            crate::plots::Series {
+                name: "train",
+                color: "#1f77b4",
+                points: train,
+            },
+            crate::plots::Series {
+                name: "valid",
+                color: "#ff7f0e",
+                points: valid,
+            },
+        ],
+    );
+    let bins = |t: &dyn Fn(&ScoredState) -> f32| -> Vec<Bin> {
+        let pairs: Vec<(f64, bool)> = scored
+            .iter()
+            .map(|s| {
+                let p = s.probs(t(s));
+                let pick = crate::metrics::argmax(&p);
+                (p[pick], pick == s.answer)
+            })
+            .collect();
+        crate::metrics::reliability(&pairs, crate::metrics::ECE_BINS)
+    };
+    let before = bins(&|_| 1.0);
+    let after = bins(&|s| temps.for_point(&s.point));
+    let ece = |b: &[Bin]| {
+        let n: usize = b.iter().map(|x| x.n).sum();
+        b.iter()
+            .map(|x| x.n as f64 / n.max(1) as f64 * (x.accuracy - x.confidence).abs())
+            .sum::<f64>()
+    };
+    let rel = crate::plots::reliability_diagram(
+        "reliability (validation)",
+        &before,
+        &after,
+        ece(&before),
+        ece(&after),
+    );
+    let dir = run_dir.join("plots");
+    decision_data::atomic::write_atomic(dir.join("loss.svg"), loss.as_bytes())?;
+    decision_data::atomic::write_atomic(dir.join("reliability.svg"), rel.as_bytes())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_are_seeded_permutations() {
+        let a = epoch_order(7, 0, 50);
+        assert_eq!(a, epoch_order(7, 0, 50));
+        assert_ne!(a, epoch_order(7, 1, 50));
+        assert_ne!(a, epoch_order(8, 0, 50));
+        let mut sorted = a.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..50).collect::<Vec<_>>());
+        assert_eq!(candidate_order(1, 0, 3, 4, false), vec![0, 1, 2, 3]);
+        let shuffled: Vec<Vec<usize>> =
+            (0..20).map(|i| candidate_order(1, 0, i, 4, true)).collect();
+        assert!(shuffled.iter().any(|o| o != &vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn the_answer_moves_with_its_candidate() {
+        let s = State {
+            id: "s".into(),
+            task_id: "t".into(),
+            point: "tool".into(),
+            context: "c".into(),
+            candidates: ["a", "b", "c"]
+                .iter()
+                .map(|x| decision_data::Candidate {
+                    id: x.to_string(),
+                    label: format!("label {x}"),
+                })
+                .collect(),
+            answer: Some("b".into()),
+            teacher: Some(vec![0.2, 0.7, 0.1]),
+            after_error: false,
+            rules: None,
+            split: None,
+        };
+        let p = permuted(&s, &[2, 0, 1]);
+        assert_eq!(
+            p.candidates
+                .iter()
+                .map(|c| c.id.as_str())
+                .collect::<Vec<_>>(),
+            ["c", "a", "b"]
+        );
+        assert_eq!(p.answer_index(), Some(2));
+        assert_eq!(p.teacher, Some(vec![0.1, 0.2, 0.7]));
+    }
+}

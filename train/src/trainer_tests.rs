@@ -1,0 +1,599 @@
+//! Tests of the trainer as a whole, on tiny models and states made here: gradients against
+//! finite differences, LoRA (merge equivalence, frozen base, PEFT files), resume, run folder.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor, TensorData};
+use decision_data::State;
+use decision_data::r#gen::{GenOptions, RulesVersion, generate};
+
+use crate::config::Qwen3Config;
+use crate::decision_model::DecisionModel;
+use crate::lora::{self, LoraSpec};
+use crate::loss::{LossTargets, batch_loss};
+use crate::model::{Batch, Qwen3, init_random};
+use crate::optim::{AdamW, AdamWSettings};
+use crate::run_config::RunConfig;
+use crate::trainer::{TrainOptions, train};
+
+fn tiny_config(vocab: usize) -> Qwen3Config {
+    Qwen3Config::from_json(&serde_json::json!({
+        "model_type": "qwen3", "vocab_size": vocab, "hidden_size": 16, "intermediate_size": 24,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
+        "max_position_embeddings": 64
+    }))
+    .unwrap()
+}
+
+fn batch() -> Batch {
+    let a: &[u32] = &[3, 7, 1, 9, 4, 2];
+    let b: &[u32] = &[5, 8, 6];
+    Batch::left_padded(&[a, b], 0)
+}
+
+const LABELS: [u32; 3] = [10, 11, 12];
+
+fn loss_of(model: &Qwen3) -> Tensor<1> {
+    let logits = model.answer_logits(&batch(), &LABELS);
+    let t = LossTargets::build(&[(3, 1, Some(vec![0.2, 0.7, 0.1])), (2, 0, None)], 0.3);
+    let (absent, q, onehot) = t.tensors(&logits.device());
+    batch_loss(logits, absent, q, onehot, 0.5)
+}
+
+/// Adds `delta` to element `index` of the parameter at `path`.
+struct Nudge {
+    target: String,
+    index: usize,
+    delta: f32,
+    path: Vec<String>,
+}
+
+impl ModuleMapper for Nudge {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if self.path.join(".") != self.target {
+            return param;
+        }
+        let (id, t, mapper) = param.consume();
+        let shape = t.shape();
+        let mut v = t.into_data().try_to_vec::<f32>().unwrap();
+        v[self.index] += self.delta;
+        let t = Tensor::<D>::from_data(TensorData::new(v, shape), &Device::flex());
+        Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+fn grad_of(model: &Qwen3, grads: &GradientsParams, path: &str) -> Vec<f32> {
+    struct Find<'a> {
+        grads: &'a GradientsParams,
+        target: &'a str,
+        path: Vec<String>,
+        out: Option<Vec<f32>>,
+    }
+    impl burn::module::ModuleVisitor for Find<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if self.path.join(".") == self.target {
+                self.out = self
+                    .grads
+                    .get::<D>(p.id)
+                    .map(|g| g.into_data().try_to_vec::<f32>().unwrap());
+            }
+        }
+    }
+    let mut f = Find {
+        grads,
+        target: path,
+        path: Vec::new(),
+        out: None,
+    };
+    model.visit(&mut f);
+    f.out.unwrap_or_else(|| panic!("no gradient for {path}"))
+}
+
+/// The model's gradients (autodiff through attention, RoPE, RMSNorm, SwiGLU, the label-token
+/// head and the loss) agree with central finite differences. f32 throughout; step 1e-2 on
+/// weights drawn with std 0.3; per element |Δ| ≤ 2e-3 + 5% of the gradient.
+#[test]
+fn gradients_match_finite_differences() {
+    let plain = Device::flex();
+    plain.seed(3);
+    let model = init_random(&tiny_config(16), 0.3, &plain);
+    let trained = model.clone().train().set_require_grad(true);
+    let loss = loss_of(&trained);
+    let grads = GradientsParams::from_grads(loss.backward(), &trained);
+    let base: f32 = loss_of(&model).into_scalar();
+    assert!(base.is_finite());
+    let eps = 1e-2f32;
+    let mut checked = 0;
+    for path in [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_norm.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ] {
+        let g = grad_of(&trained, &grads, path);
+        // the largest few entries of each tensor
+        let mut idx: Vec<usize> = (0..g.len()).collect();
+        idx.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
+        for &i in idx.iter().take(4) {
+            let at = |d: f32| -> f32 {
+                let m = model.clone().map(&mut Nudge {
+                    target: path.into(),
+                    index: i,
+                    delta: d,
+                    path: vec![],
+                });
+                loss_of(&m).into_scalar()
+            };
+            let fd = (at(eps) - at(-eps)) / (2.0 * eps);
+            assert!(
+                (fd - g[i]).abs() <= 2e-3 + 0.05 * g[i].abs(),
+                "{path}[{i}]: autodiff {} vs finite difference {fd}",
+                g[i]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 32);
+}
+
+fn spec(targets: &[&str]) -> LoraSpec {
+    LoraSpec {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: targets.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Merging (W + s·A·B) gives the same outputs as the unmerged adapters, with B non-zero.
+#[test]
+fn lora_merge_equals_unmerged() {
+    let plain = Device::flex();
+    plain.seed(5);
+    let base = init_random(&tiny_config(16), 0.3, &plain);
+    let mut with = lora::attach(base.clone(), &spec(&crate::run_config::LORA_TARGETS), 9);
+    // step 0 equals the base (B = 0)
+    let l0 = base
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let l1 = with
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    assert_eq!(l0, l1);
+    // give every B random values
+    for layer in &mut with.model.layers {
+        for p in [
+            &mut layer.self_attn.q_proj,
+            &mut layer.self_attn.k_proj,
+            &mut layer.self_attn.v_proj,
+            &mut layer.self_attn.o_proj,
+            &mut layer.mlp.gate_proj,
+            &mut layer.mlp.up_proj,
+            &mut layer.mlp.down_proj,
+        ] {
+            let ad = p.lora.as_mut().unwrap();
+            let dims = ad.lora_b.shape().dims::<2>();
+            ad.lora_b = Param::from_tensor(Tensor::<2>::random(
+                dims,
+                burn::tensor::Distribution::Normal(0.0, 0.2),
+                &plain,
+            ));
+        }
+    }
+    let unmerged = with
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let merged = lora::merge(with)
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let diff = unmerged
+        .iter()
+        .zip(&merged)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "max |Δ| = {diff}");
+    assert!(
+        unmerged.iter().zip(&l0).any(|(a, b)| (a - b).abs() > 1e-3),
+        "adapters changed nothing"
+    );
+}
+
+fn weights_of(model: &Qwen3) -> Vec<(String, Vec<f32>)> {
+    crate::weights::hf_tensors(model)
+        .map(|t| (t.name, t.data))
+        .collect()
+}
+
+/// LoRA training: only adapter parameters get gradients and optimizer state; the base weights
+/// stay bit-identical through several AdamW steps (with weight decay).
+#[test]
+fn lora_base_is_frozen_bit_for_bit() {
+    let plain = Device::flex();
+    plain.seed(11);
+    let base = init_random(&tiny_config(16), 0.3, &plain);
+    let before = weights_of(&base);
+    let mut model = lora::attach(base, &spec(&["q_proj", "v_proj", "down_proj"]), 1).train();
+    let mut opt = AdamW::new(AdamWSettings {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    });
+    let adapters = 2 * 3 * 2; // A and B, three targets, two layers
+    for _ in 0..3 {
+        let mut grads = GradientsParams::from_grads(loss_of(&model).backward(), &model);
+        assert_eq!(
+            grads.len(),
+            adapters,
+            "gradients reached non-adapter parameters"
+        );
+        model = opt.update(model, &mut grads, 1e-2, 1.0);
+    }
+    assert_eq!(opt.moments.len(), adapters);
+    assert!(
+        opt.moments.keys().all(|k| k.contains(".lora.")),
+        "{:?}",
+        opt.moments.keys()
+    );
+    let after_model = model.valid();
+    // adapters moved
+    let b = after_model.model.layers[0]
+        .self_attn
+        .q_proj
+        .lora
+        .as_ref()
+        .unwrap()
+        .lora_b
+        .val();
+    assert!(b.abs().max().into_scalar::<f32>() > 0.0);
+    // hf_tensors reads base weights only (adapters are not HF tensors)
+    assert_eq!(before, weights_of(&after_model), "a base weight changed");
+}
+
+/// PEFT files round-trip: saved adapters load back onto the base and give the same outputs;
+/// a wrong key is refused.
+#[test]
+fn peft_adapter_round_trip() {
+    let plain = Device::flex();
+    plain.seed(2);
+    let base = init_random(&tiny_config(16), 0.3, &plain);
+    let mut with = lora::attach(base.clone(), &spec(&["q_proj", "up_proj"]), 4);
+    let ad = with.model.layers[1].mlp.up_proj.lora.as_mut().unwrap();
+    let dims = ad.lora_b.shape().dims::<2>();
+    ad.lora_b = Param::from_tensor(Tensor::<2>::random(
+        dims,
+        burn::tensor::Distribution::Normal(0.0, 0.5),
+        &plain,
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    lora::save_peft(
+        &with,
+        &spec(&["q_proj", "up_proj"]),
+        "base-model",
+        dir.path(),
+    )
+    .unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cfg["peft_type"], "LORA");
+    assert_eq!(cfg["r"], 4);
+    assert_eq!(cfg["base_model_name_or_path"], "base-model");
+    let bytes = std::fs::read(dir.path().join("adapter_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let a = st
+        .tensor("base_model.model.model.layers.1.mlp.up_proj.lora_A.weight")
+        .unwrap();
+    assert_eq!(a.shape(), [4, 16]);
+    let b = st
+        .tensor("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight")
+        .unwrap();
+    assert_eq!(b.shape(), [32, 4]);
+    assert_eq!(st.names().len(), 8);
+    let (loaded, s, base_ref) = lora::load_peft(base.clone(), dir.path()).unwrap();
+    assert_eq!(s.rank, 4);
+    assert_eq!(base_ref, "base-model");
+    let x = with
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let y = loaded
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    assert_eq!(x, y);
+    // an adapter for a module the config does not list is an error
+    let mut cfg2 = cfg.clone();
+    cfg2["target_modules"] = serde_json::json!(["q_proj"]);
+    std::fs::write(dir.path().join("adapter_config.json"), cfg2.to_string()).unwrap();
+    let e = lora::load_peft(base, dir.path()).unwrap_err().to_string();
+    assert!(e.contains("unexpected tensor"), "{e}");
+}
+
+// ---- whole runs -------------------------------------------------------------------------
+
+fn states_file(dir: &Path, rules: RulesVersion, tasks: usize) -> PathBuf {
+    let states: Vec<State> = generate(&GenOptions {
+        rules,
+        tasks,
+        seed: 5,
+        ..GenOptions::default()
+    })
+    .unwrap();
+    let p = dir.join(format!("states-{}.jsonl", rules.as_str()));
+    decision_data::write_states(&p, &states).unwrap();
+    p
+}
+
+fn tiny_run_config(train: &Path, extra: &str) -> RunConfig {
+    let text = format!(
+        r#"
+name = "t"
+[model]
+init = "random"
+[model.arch]
+hidden_size = 16
+intermediate_size = 32
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+head_dim = 8
+rms_norm_eps = 1e-6
+rope_theta = 10000.0
+tie_word_embeddings = true
+max_position_embeddings = 1024
+[data]
+train = "{}"
+max_options = 16
+max_tokens = 1024
+[optim]
+lr = 3e-3
+beta1 = 0.9
+beta2 = 0.999
+eps = 1e-8
+weight_decay = 0.01
+warmup_steps = 2
+min_lr_ratio = 0.0
+grad_accum = 2
+clip = 1.0
+[train]
+mode = "full"
+max_steps = 6
+batch_size = 3
+seed = 7
+checkpoint_every = 3
+keep_checkpoints = 5
+log_every = 1
+[eval]
+batch_size = 16
+min_states_per_point = 5
+permutations = 1
+max_states = 0
+{extra}
+"#,
+        train.display()
+    );
+    RunConfig::parse(&text, &[]).unwrap()
+}
+
+fn model_bytes(dir: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    names
+        .iter()
+        .flat_map(|n| {
+            st.tensor(n)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// 6 steps straight against 3 steps, stop, `--resume`, 3 more: same losses, same weights.
+#[test]
+fn resume_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 12);
+    let cfg = tiny_run_config(&data, "");
+    let straight = dir.path().join("straight");
+    let a = train(&cfg, &straight, &TrainOptions::default()).unwrap();
+    let split = dir.path().join("split");
+    let b1 = train(
+        &cfg,
+        &split,
+        &TrainOptions {
+            stop_after: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(b1.interrupted && b1.steps == 3);
+    assert!(!split.join("final").exists());
+    // without --resume an existing run is refused
+    assert!(train(&cfg, &split, &TrainOptions::default()).is_err());
+    let b2 = train(
+        &cfg,
+        &split,
+        &TrainOptions {
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(b2.steps, 6);
+    let la =
+        crate::checkpoint::read_state(&crate::checkpoint::latest(&straight).unwrap().unwrap().1)
+            .unwrap();
+    let lb = crate::checkpoint::read_state(&crate::checkpoint::latest(&split).unwrap().unwrap().1)
+        .unwrap();
+    assert_eq!(la.losses.len(), 6);
+    for (x, y) in la.losses.iter().zip(&lb.losses) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "losses {:?} vs {:?}",
+            la.losses,
+            lb.losses
+        );
+    }
+    let wa = model_bytes(&straight.join("final"));
+    let wb = model_bytes(&split.join("final"));
+    let diff = wa
+        .iter()
+        .zip(&wb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff <= 1e-5, "final weights differ by {diff}");
+    assert!((a.valid_after.accuracy - b2.valid_after.accuracy).abs() < 1e-9);
+    // the run folder holds what the exporter and the demo read
+    for f in [
+        "run.toml",
+        "metrics.jsonl",
+        "summary.json",
+        "tokenizer.json",
+        "plots/loss.svg",
+        "plots/reliability.svg",
+    ] {
+        assert!(straight.join(f).is_file(), "missing {f}");
+    }
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "decision.json",
+    ] {
+        assert!(
+            straight.join("final").join(f).is_file(),
+            "missing final/{f}"
+        );
+    }
+    let kinds: Vec<String> = std::fs::read_to_string(straight.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "train").count(), 6);
+    assert_eq!(kinds.last().map(String::as_str), Some("final"));
+    // checkpoints: step 3 and 6, both complete
+    let steps: Vec<u64> = crate::checkpoint::list_complete(&straight)
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(steps, vec![3, 6]);
+    // final/ loads as a decision model, with the fitted temperatures
+    let dm = DecisionModel::load(
+        &straight.join("final").to_string_lossy(),
+        &Default::default(),
+    )
+    .unwrap();
+    assert!((dm.spec.temperature - a.temperatures.global as f64).abs() < 1e-6);
+}
+
+/// A LoRA run on top of a saved base: final/ holds the merged model and the PEFT adapter,
+/// and the adapter on the base reproduces the merged model.
+#[test]
+fn lora_run_writes_merged_model_and_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V2, 10);
+    // the base: a quick full run
+    let base_cfg = tiny_run_config(&data, "");
+    let base_run = dir.path().join("base");
+    train(
+        &RunConfig {
+            train: crate::run_config::TrainSection {
+                max_steps: 2,
+                ..base_cfg.train.clone()
+            },
+            ..base_cfg.clone()
+        },
+        &base_run,
+        &TrainOptions::default(),
+    )
+    .unwrap();
+    let base_dir = base_run.join("final");
+    let text = base_cfg.to_toml();
+    let cfg = RunConfig::parse(
+        &text,
+        &[
+            "model.init=pretrained".into(),
+            format!(
+                "model.source={}",
+                toml::Value::String(base_dir.display().to_string())
+            ),
+            "train.mode=lora".into(),
+            "lora.rank=2".into(),
+            "lora.alpha=4".into(),
+            "lora.dropout=0.1".into(),
+            "lora.targets=[\"q_proj\",\"v_proj\",\"gate_proj\"]".into(),
+        ],
+    );
+    let mut cfg = cfg.unwrap();
+    cfg.model.arch = None;
+    let run = dir.path().join("lora");
+    let s = train(&cfg, &run, &TrainOptions::default()).unwrap();
+    assert!(
+        s.trainable_params < s.total_params / 5,
+        "{} of {}",
+        s.trainable_params,
+        s.total_params
+    );
+    let fin = run.join("final");
+    assert!(fin.join("adapter/adapter_config.json").is_file());
+    let merged = DecisionModel::load(&fin.to_string_lossy(), &Default::default()).unwrap();
+    let base = DecisionModel::load(&base_dir.to_string_lossy(), &Default::default()).unwrap();
+    let (with_adapter, _, base_ref) =
+        lora::load_peft(base.model.clone(), &fin.join("adapter")).unwrap();
+    assert_eq!(base_ref, base_dir.display().to_string());
+    let states: Vec<State> = decision_data::read_states(&[data], Default::default()).unwrap();
+    let enc: Vec<_> = states
+        .iter()
+        .take(4)
+        .map(|s| merged.encode(s).unwrap())
+        .collect();
+    let refs: Vec<&crate::prompt::Encoded> = enc.iter().collect();
+    let a = crate::score::label_logits(&merged.model, &refs, merged.pad_id);
+    let b = crate::score::label_logits(&with_adapter, &refs, merged.pad_id);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert!((x - y).abs() < 1e-4, "merged {x} vs adapter {y}");
+    }
+}
