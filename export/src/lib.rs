@@ -1,0 +1,11 @@
+//! decision-export: turns a trained decision model into the bundle the desktop harness loads
+//! (contracts section 5): ONNX and PEFT writers over one [graph description](graph), the manifest,
+//! the parity gate, and `decision bundle verify`.
+
+pub mod config;
+pub mod graph;
+pub mod lora;
+pub mod onnx;
+pub mod parity;
+pub mod progress;
+pub mod weights;
