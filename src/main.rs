@@ -1,12 +1,49 @@
-//! `decision`: the command line. This file only parses arguments and dispatches.
+//! `decision`: the command line. This file only parses arguments and dispatches; each command's
+//! arguments and `run` live in the crate that owns it. Adding a command is two lines: a variant
+//! below and its arm in `main`. Every `run` returns `anyhow::Result<ExitCode>`.
 
-use clap::Parser;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "decision", version, about = "Train, calibrate and ship the decision model behind an agent harness")]
-struct Cli {}
+#[command(
+    name = "decision",
+    version,
+    about = "Train, calibrate and ship the decision model behind an agent harness",
+    after_help = "Example:\n  decision gen states --rules v1 --tasks 2000 --seed 7 --out demo-out/v1.parquet\n  decision data validate demo-out/v1.parquet"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+#[derive(Subcommand)]
+enum Command {
+    /// Check and summarise decision-state datasets (Parquet or JSON Lines)
+    #[command(
+        subcommand,
+        after_help = "Example:\n  decision data validate demo-out/v1.parquet\n  decision data stats demo-out/v1.parquet"
+    )]
+    Data(decision_data::cli::DataCmd),
+    /// Fit per-decision-point confidence thresholds from receipts (thresholds.json, report)
+    Fit(decision_fit::FitArgs),
+    /// Generate synthetic receipts (demo, cross-check, benchmark)
+    GenReceipts(decision_fit::GenReceiptsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Data(cmd) => cmd.run(),
+        Command::Fit(args) => decision_fit::run(args),
+        Command::GenReceipts(args) => decision_fit::synth::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }

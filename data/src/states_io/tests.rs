@@ -1,0 +1,468 @@
+use std::fs;
+use std::sync::Arc;
+
+use ::parquet::arrow::ArrowWriter;
+use ::parquet::file::reader::{FileReader, SerializedFileReader};
+use arrow_array::{ArrayRef, Int64Array, LargeStringArray, ListArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+
+use super::*;
+use crate::state::Candidate;
+use crate::validate::ValidateOptions;
+
+pub(crate) fn sample_state(i: usize) -> State {
+    State {
+        id: format!("s{i}"),
+        task_id: format!("task-{}", i / 3),
+        point: ["tool", "args", "stop"][i % 3].into(),
+        context: format!("customer: where is order #{i}?\n\u{e9}t\u{e9} \"quoted\" \t tab"),
+        candidates: (0..2 + i % 5)
+            .map(|k| Candidate {
+                id: format!("opt_{k}"),
+                label: format!("option {k} of {i}"),
+            })
+            .collect(),
+        answer: (i % 4 != 0).then(|| "opt_1".to_string()),
+        teacher: (i % 2 == 0).then(|| {
+            let n = 2 + i % 5;
+            (0..n).map(|_| 1.0 / n as f64).collect()
+        }),
+        after_error: i % 3 == 1,
+        rules: (i % 5 != 0).then(|| {
+            if i % 2 == 0 {
+                "v1".into()
+            } else {
+                "2026-11-cancel".into()
+            }
+        }),
+        split: match (i / 3) % 7 {
+            0 => Some("train".into()),
+            1 => Some("test".into()),
+            _ => None,
+        },
+    }
+}
+
+fn read_all(paths: &[PathBuf]) -> Vec<Result<Row<State>, BadRow>> {
+    StateReader::open(paths)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+#[test]
+fn round_trip_jsonl_parquet_jsonl_keeps_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let states: Vec<State> = (0..50).map(sample_state).collect();
+    let (j1, pq, j2) = (
+        dir.path().join("a.jsonl"),
+        dir.path().join("b.parquet"),
+        dir.path().join("c.json"),
+    );
+    assert_eq!(write_states(&j1, &states).unwrap(), 50);
+    let from_jsonl: Vec<State> = read_all(&[j1.clone()])
+        .into_iter()
+        .map(|r| r.unwrap().value)
+        .collect();
+    assert_eq!(from_jsonl, states);
+    write_states(&pq, &from_jsonl).unwrap();
+    let from_parquet = read_states(&[pq.clone()], ValidateOptions::default()).unwrap();
+    assert_eq!(from_parquet, states);
+    write_states(&j2, &from_parquet).unwrap();
+    assert_eq!(
+        fs::read(&j1).unwrap(),
+        fs::read(&j2).unwrap(),
+        "JSONL -> Parquet -> JSONL is byte-identical"
+    );
+    // The Parquet file says what it holds.
+    let meta = SerializedFileReader::new(fs::File::open(&pq).unwrap())
+        .unwrap()
+        .metadata()
+        .file_metadata()
+        .clone();
+    let kv = meta.key_value_metadata().unwrap();
+    assert!(
+        kv.iter()
+            .any(|k| k.key == "schema" && k.value.as_deref() == Some(STATES_SCHEMA_ID))
+    );
+}
+
+#[test]
+fn parquet_streams_across_many_row_groups_and_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.parquet");
+    let n = 5_000;
+    let mut w = StateWriter::create_with_row_group_rows(&path, 300).unwrap();
+    for i in 0..n {
+        w.write(&sample_state(i)).unwrap();
+    }
+    assert_eq!(w.finish().unwrap(), n as u64);
+    let groups = SerializedFileReader::new(fs::File::open(&path).unwrap())
+        .unwrap()
+        .metadata()
+        .num_row_groups();
+    assert_eq!(groups, n.div_ceil(300), "row groups of 300 rows");
+
+    let reader = StateReader::open(&[path.clone()]).unwrap();
+    assert_eq!(reader.row_count_hint(), Some(n as u64));
+    let mut count = 0;
+    for (k, item) in reader.enumerate() {
+        let row = item.unwrap().unwrap();
+        assert_eq!(
+            row.row,
+            k as u64 + 1,
+            "rows numbered from 1 across row groups and batches"
+        );
+        assert_eq!(row.value, sample_state(k));
+        // A row holds on to its decoded batch only: never more than one batch's worth of rows.
+        let Raw::Batch(batch, _) = &row.raw else {
+            panic!("Parquet rows keep their batch")
+        };
+        assert!(batch.num_rows() <= super::parquet::READ_BATCH_ROWS);
+        count += 1;
+    }
+    assert_eq!(count, n);
+}
+
+#[test]
+fn folder_of_shards_reads_in_name_order_and_skips_hidden_and_foreign_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    write_states(shards.join("part-002.parquet"), &[sample_state(2)]).unwrap();
+    write_states(shards.join("part-000.jsonl"), &[sample_state(0)]).unwrap();
+    write_states(shards.join("part-001.json"), &[sample_state(1)]).unwrap();
+    fs::write(shards.join(".part-003.parquet.tmp-1"), b"half a file").unwrap();
+    fs::write(shards.join("README.md"), b"not a shard").unwrap();
+    let reader = StateReader::open(&[shards.clone()]).unwrap();
+    let names: Vec<String> = reader
+        .files()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["part-000.jsonl", "part-001.json", "part-002.parquet"]
+    );
+    let ids: Vec<String> = reader.map(|r| r.unwrap().unwrap().value.id).collect();
+    assert_eq!(ids, ["s0", "s1", "s2"]);
+
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let err = StateReader::open(&[empty]).err().unwrap().to_string();
+    assert!(err.contains("no .parquet, .jsonl or .json shard"), "{err}");
+    let err = StateReader::open(&[dir.path().join("x.csv")])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("cannot read"), "{err}");
+    fs::write(dir.path().join("x.csv"), b"").unwrap();
+    let err = StateReader::open(&[dir.path().join("x.csv")])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("unknown format"), "{err}");
+}
+
+#[test]
+fn jsonl_rows_are_numbered_by_line_and_keep_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    let a = serde_json::to_string(&sample_state(1)).unwrap();
+    let b = serde_json::to_string(&sample_state(2))
+        .unwrap()
+        .replace(",", " ,  ");
+    // a blank line, a CRLF line, no final newline
+    fs::write(&path, format!("{a}\n\n  \n{b}\r\n{a}")).unwrap();
+    let rows: Vec<Row<State>> = read_all(&[path]).into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.iter().map(|r| r.row).collect::<Vec<_>>(), [1, 4, 5]);
+    assert_eq!(rows[1].value, sample_state(2));
+    assert_eq!(&*rows[1].raw(), format!("{b}\r").as_bytes());
+    assert_eq!(&*rows[2].raw(), a.as_bytes());
+}
+
+fn bad_of(line: &str) -> BadRow {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl");
+    let good = serde_json::to_string(&sample_state(1)).unwrap();
+    fs::write(&path, format!("{good}\n{line}\n{good}\n")).unwrap();
+    let rows = read_all(&[path.clone()]);
+    assert_eq!(rows.len(), 3, "nothing dropped");
+    assert!(rows[0].is_ok() && rows[2].is_ok());
+    let bad = rows.into_iter().nth(1).unwrap().unwrap_err();
+    assert_eq!(bad.row, 2);
+    assert_eq!(*bad.file, path);
+    assert_eq!(&*bad.raw(), line.as_bytes());
+    bad
+}
+
+fn good_json() -> serde_json::Value {
+    serde_json::to_value(sample_state(1)).unwrap()
+}
+
+#[test]
+fn jsonl_missing_and_mistyped_fields_are_named() {
+    for field in ["id", "task_id", "point", "context", "candidates"] {
+        let mut v = good_json();
+        v.as_object_mut().unwrap().remove(field);
+        let bad = bad_of(&v.to_string());
+        assert_eq!(
+            bad.errors,
+            [FieldError::new(field, "required field is missing")],
+            "{field}"
+        );
+    }
+    let mut v = good_json();
+    v["id"] = serde_json::json!(5);
+    v["teacher"] = serde_json::json!([0.5, "0.5"]);
+    v["after_error"] = serde_json::json!("yes");
+    v["candidates"][1] = serde_json::json!({"id": "x"});
+    let bad = bad_of(&v.to_string());
+    let got: Vec<(&str, &str)> = bad
+        .errors
+        .iter()
+        .map(|e| (e.field.as_str(), e.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("id", "expected a string, found the number 5"),
+            ("candidates[1].label", "required field is missing"),
+            ("teacher[1]", "expected a number, found the string \"0.5\""),
+            (
+                "after_error",
+                "expected true or false, found the string \"yes\""
+            ),
+        ]
+    );
+    let mut v = good_json();
+    v["candidates"] = serde_json::json!("a,b");
+    assert_eq!(bad_of(&v.to_string()).errors[0].field, "candidates");
+    // Optional fields may be null; unknown fields are ignored.
+    let mut v = good_json();
+    v["answer"] = serde_json::Value::Null;
+    v["rules"] = serde_json::Value::Null;
+    v["after_error"] = serde_json::Value::Null;
+    v["recorded_by"] = serde_json::json!("harness 3.1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.jsonl");
+    fs::write(&path, v.to_string()).unwrap();
+    let row = read_all(&[path]).pop().unwrap().unwrap();
+    assert_eq!(
+        (row.value.answer, row.value.rules, row.value.after_error),
+        (None, None, false)
+    );
+}
+
+#[test]
+fn jsonl_syntax_errors_name_the_field_and_nan() {
+    let good = serde_json::to_string(&sample_state(2)).unwrap();
+    let with_nan = good.replacen("\"teacher\":[", "\"teacher\":[NaN,", 1);
+    assert_ne!(with_nan, good);
+    let bad = bad_of(&with_nan);
+    assert_eq!(bad.errors.len(), 1);
+    assert_eq!(bad.errors[0].field, "teacher");
+    assert!(
+        bad.errors[0]
+            .reason
+            .starts_with("NaN is not a number JSON allows"),
+        "{:?}",
+        bad.errors
+    );
+
+    let bad = bad_of(&good.replacen("\"point\":\"stop\"", "\"point\":stop", 1));
+    assert_eq!(bad.errors[0].field, "point");
+    assert!(
+        bad.errors[0].reason.starts_with("not valid JSON"),
+        "{:?}",
+        bad.errors
+    );
+
+    let bad = bad_of(&good[..good.len() / 2]);
+    assert!(
+        bad.errors[0].reason.starts_with("not valid JSON"),
+        "{:?}",
+        bad.errors
+    );
+
+    let bad = bad_of("[1, 2]");
+    assert_eq!(
+        bad.errors,
+        [FieldError::new(
+            "(row)",
+            "expected a JSON object, found a list"
+        )]
+    );
+}
+
+fn write_batch(path: &Path, batch: &RecordBatch) {
+    let mut w =
+        ArrowWriter::try_new(fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_from_other_writers_large_strings_extra_and_missing_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.parquet");
+    // pyarrow/polars style: large strings, no optional columns at all, one extra column.
+    let canonical = states_to_batch(&[sample_state(1), sample_state(2)]).unwrap();
+    let large = |v: [&str; 2]| -> ArrayRef { Arc::new(LargeStringArray::from(v.to_vec())) };
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::LargeUtf8, false),
+            Field::new("task_id", DataType::LargeUtf8, false),
+            Field::new("point", DataType::LargeUtf8, false),
+            Field::new("context", DataType::LargeUtf8, false),
+            canonical
+                .schema()
+                .field_with_name("candidates")
+                .unwrap()
+                .clone(),
+            Field::new("episode_step", DataType::Int64, false),
+        ])),
+        vec![
+            large(["s1", "s2"]),
+            large(["t", "t"]),
+            large(["tool", "stop"]),
+            large(["ctx 1", "ctx 2"]),
+            canonical.column_by_name("candidates").unwrap().clone(),
+            Arc::new(Int64Array::from(vec![7, 8])),
+        ],
+    )
+    .unwrap();
+    write_batch(&path, &batch);
+    let rows: Vec<Row<State>> = read_all(&[path.clone()])
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let s = &rows[1].value;
+    assert_eq!(
+        (s.id.as_str(), s.point.as_str(), s.context.as_str()),
+        ("s2", "stop", "ctx 2")
+    );
+    assert_eq!(s.candidates, sample_state(2).candidates);
+    assert_eq!(
+        (
+            s.answer.as_ref(),
+            s.teacher.as_ref(),
+            s.after_error,
+            s.split.as_ref()
+        ),
+        (None, None, false, None)
+    );
+    // The raw form of a Parquet row is JSON with every column, extra ones too.
+    let raw: serde_json::Value = serde_json::from_slice(&rows[0].raw()).unwrap();
+    assert_eq!(raw["episode_step"], 7);
+    assert_eq!(raw["candidates"][1]["label"], "option 1 of 1");
+}
+
+#[test]
+fn parquet_missing_null_and_mistyped_columns_are_row_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.parquet");
+    let canonical = states_to_batch(&[sample_state(1), sample_state(2)]).unwrap();
+    let teacher_item = Arc::new(Field::new("item", DataType::Float64, true));
+    let teacher = ListArray::from_iter_primitive::<arrow_array::types::Float64Type, _, _>(vec![
+        Some(vec![Some(0.5), Some(f64::NAN)]),
+        Some(vec![Some(1.0), None]),
+    ]);
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            // no task_id column
+            Field::new("point", DataType::Int64, false),
+            Field::new("context", DataType::Utf8, false),
+            canonical
+                .schema()
+                .field_with_name("candidates")
+                .unwrap()
+                .clone(),
+            Field::new("teacher", DataType::List(teacher_item), true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec![Some("s1"), None])),
+            Arc::new(Int64Array::from(vec![1, 2])),
+            Arc::new(StringArray::from(vec!["c", "c"])),
+            canonical.column_by_name("candidates").unwrap().clone(),
+            Arc::new(teacher),
+        ],
+    )
+    .unwrap();
+    write_batch(&path, &batch);
+    let bad: Vec<BadRow> = read_all(&[path])
+        .into_iter()
+        .map(|r| r.unwrap_err())
+        .collect();
+    assert_eq!(bad.len(), 2);
+    let fields = |b: &BadRow| b.errors.iter().map(|e| e.field.clone()).collect::<Vec<_>>();
+    assert_eq!(fields(&bad[0]), ["task_id", "point"]);
+    assert_eq!(fields(&bad[1]), ["id", "task_id", "point", "teacher[1]"]);
+    assert_eq!(bad[1].row, 2);
+    assert_eq!(
+        bad[0].errors[0].reason,
+        "required field is missing (the file has no such column)"
+    );
+    assert_eq!(
+        bad[0].errors[1].reason,
+        "column has type Int64, expected a string (utf8)"
+    );
+    assert_eq!(bad[1].errors[0].reason, "required field is null");
+    // Quarantine form: JSON with NaN spelled as Python does; it reads back as JSON Lines and the
+    // NaN is then reported on `teacher`.
+    let raw = String::from_utf8(bad[0].raw().into_owned()).unwrap();
+    assert!(raw.contains("\"teacher\":[0.5,NaN]"), "{raw}");
+    assert!(
+        raw.contains("\"id\":\"s1\"") && raw.contains("\"point\":1"),
+        "{raw}"
+    );
+    assert!(
+        String::from_utf8(bad[1].raw().into_owned())
+            .unwrap()
+            .contains("\"id\":null")
+    );
+}
+
+#[test]
+fn not_parquet_is_a_fatal_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake.parquet");
+    fs::write(&path, b"this is not parquet").unwrap();
+    let mut reader = StateReader::open(&[path]).unwrap();
+    let err = format!("{:#}", reader.next().unwrap().unwrap_err());
+    assert!(
+        err.contains("fake.parquet: not a readable Parquet file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn writers_are_atomic() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["out.parquet", "out.jsonl"] {
+        let path = dir.path().join(name);
+        write_states(&path, &[sample_state(0)]).unwrap();
+        let before = fs::read(&path).unwrap();
+        {
+            let mut w = StateWriter::create(&path).unwrap();
+            for i in 0..10 {
+                w.write(&sample_state(i)).unwrap();
+            }
+            // dropped without finish: the old file stays, no temporary is left behind
+        }
+        assert_eq!(fs::read(&path).unwrap(), before, "{name}");
+        write_states(&path, &[sample_state(1), sample_state(2)]).unwrap();
+        let ids: Vec<String> = read_all(&[path.clone()])
+            .into_iter()
+            .map(|r| r.unwrap().value.id)
+            .collect();
+        assert_eq!(ids, ["s1", "s2"]);
+    }
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "no temporary files left"
+    );
+    assert!(StateWriter::create(dir.path().join("out.csv")).is_err());
+}
