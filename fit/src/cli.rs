@@ -1,0 +1,175 @@
+//! `decision fit`: arguments and the run that ties config, reading, aggregation, policies,
+//! thresholds.json, quarantine, drift and report together.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use decision_data::Quarantine;
+use decision_data::receipts_io::{ReadOptions, for_each_receipt, receipt_files};
+
+use crate::aggregate::Aggregate;
+use crate::config::FitConfig;
+use crate::drift::{self, Previous};
+use crate::report;
+use crate::thresholds::{self, PointFit, SCHEMA, Source, Thresholds};
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Example:\n  decision fit --receipts receipts/2026-11.jsonl --config configs/fit.toml \\\n      --out thresholds.json --previous thresholds-2026-10.json --report fit-report")]
+pub struct FitArgs {
+    /// Receipt files (.jsonl / .json: contract records or keel DecisionEvents; .parquet: flattened
+    /// columns) or folders of such shards.
+    #[arg(long, required = true, num_args = 1..)]
+    pub receipts: Vec<PathBuf>,
+    /// The fit config (policies per decision point, outcome patterns).
+    #[arg(long, default_value = "configs/fit.toml")]
+    pub config: PathBuf,
+    /// Where to write thresholds.json; bad records go beside it in <stem>.quarantine.jsonl.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The thresholds currently in use: compare against them (never overwritten unless --out
+    /// names the same file).
+    #[arg(long)]
+    pub previous: Option<PathBuf>,
+    /// Write report.md and report.html (charts) into this folder.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
+
+/// What a fit produced (for callers other than the command line).
+pub struct FitOutcome {
+    pub thresholds: Thresholds,
+    pub aggregate: Aggregate,
+    pub drift: Option<Vec<drift::DriftRow>>,
+    pub quarantine: PathBuf,
+    /// The first bad records, one line each (file, row, field, reason).
+    pub bad_lines: Vec<String>,
+}
+
+/// `<out>.quarantine.jsonl` beside the output: `thresholds.json` → `thresholds.quarantine.jsonl`.
+pub fn quarantine_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "thresholds".into());
+    out.with_file_name(format!("{stem}.quarantine.jsonl"))
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Fit, write thresholds.json, the quarantine and (when asked) the report.
+pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
+    // Everything that can be refused is refused before a receipt is read.
+    let config = FitConfig::load(&args.config)?;
+    let previous = args.previous.as_deref().map(Previous::read).transpose()?;
+    let files = receipt_files(&args.receipts)?;
+    let quarantine = quarantine_path(&args.out);
+    let errors_file = decision_data::quarantine::errors_path(&quarantine);
+    let mut written = vec![&args.out, &quarantine, &errors_file];
+    let report_files: Vec<PathBuf> =
+        args.report.iter().flat_map(|d| [d.join("report.md"), d.join("report.html")]).collect();
+    written.extend(report_files.iter());
+    for w in &written {
+        if let Some(f) = files.iter().find(|f| same_file(f, w)) {
+            bail!("{} is an input; refusing to overwrite it", f.display());
+        }
+        if let Some(p) = &args.previous
+            && *w != &args.out
+            && same_file(p, w)
+        {
+            bail!("{} is the --previous file; refusing to overwrite it", p.display());
+        }
+    }
+
+    let cuts = previous.as_ref().map(Previous::cuts).unwrap_or_default();
+    let mut agg = Aggregate::new(&config, cuts);
+    let mut q = Quarantine::create(&quarantine)?;
+    let mut bad_lines: Vec<String> = Vec::new();
+    let opts = ReadOptions { outcome: config.outcome.clone(), progress: true };
+    let summary = for_each_receipt(&args.receipts, &opts, |item| {
+        match item {
+            Ok(r) => agg.add(r),
+            Err(b) => {
+                agg.add_bad();
+                q.add(b)?;
+                if bad_lines.len() < 200 {
+                    bad_lines.extend(b.lines());
+                }
+            }
+        }
+        Ok(())
+    })?;
+    debug_assert_eq!(summary.records, agg.records);
+
+    let points: BTreeMap<String, PointFit> = agg
+        .points
+        .iter()
+        .map(|(name, p)| (name.clone(), thresholds::fit_point(p, config.policy(name))))
+        .collect();
+    let t = Thresholds {
+        schema: SCHEMA,
+        fitted_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        source: Source {
+            files: summary.files.iter().map(|f| f.display().to_string()).collect(),
+            sha256: summary.sha256.clone(),
+            records: agg.records,
+            bad: agg.bad,
+            valid: agg.valid(),
+            quarantine: quarantine.file_name().map(|n| n.to_string_lossy().into_owned()),
+        },
+        points,
+    };
+    let drift_rows = previous.as_ref().map(|p| drift::compare(p, &agg.points, &t.points));
+    thresholds::write(&args.out, &t)?;
+    q.finish()?;
+    if let Some(dir) = &args.report {
+        report::write(dir, &t, drift_rows.as_deref(), &bad_lines, agg.bad)?;
+    }
+    Ok(FitOutcome { thresholds: t, aggregate: agg, drift: drift_rows, quarantine, bad_lines })
+}
+
+fn fmt(x: Option<f64>) -> String {
+    x.map_or_else(|| "—".into(), |v| format!("{v:.3}"))
+}
+
+pub fn run(args: FitArgs) -> Result<ExitCode> {
+    let out = fit(&args)?;
+    let t = &out.thresholds;
+    for l in out.bad_lines.iter().take(20) {
+        eprintln!("bad record: {l}");
+    }
+    if t.source.bad > 20 {
+        eprintln!("… {} bad records in all; every one is listed in the quarantine's errors file", t.source.bad);
+    }
+    println!(
+        "read {} receipts from {} file(s): {} valid, {} bad{}",
+        t.source.records,
+        t.source.files.len(),
+        t.source.valid,
+        t.source.bad,
+        if t.source.bad > 0 { format!(" (quarantined in {})", out.quarantine.display()) } else { String::new() }
+    );
+    for (name, p) in &t.points {
+        println!(
+            "  {name:<14} {:<22} threshold {:<6} judged {:>8}  coverage {:.3}  success above {} [{}]",
+            serde_json::to_value(p.status)?.as_str().unwrap_or_default(),
+            fmt(p.threshold),
+            p.judged,
+            p.coverage,
+            fmt(p.success_above),
+            fmt(p.success_above_lower),
+        );
+    }
+    if let Some(rows) = &out.drift {
+        println!("\ncompared with {}:\n{}", args.previous.as_ref().expect("drift needs --previous").display(), drift::markdown(rows));
+    }
+    println!("wrote {}", args.out.display());
+    if let Some(d) = &args.report {
+        println!("wrote {} and {}", d.join("report.md").display(), d.join("report.html").display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
