@@ -59,9 +59,18 @@ impl Counts {
 
     /// The categories add up to the valid records.
     pub fn balanced(&self) -> bool {
-        self.judged + self.abstain + self.rejected + self.fallback + self.abandoned + self.unknown + self.pending
+        self.judged
+            + self.abstain
+            + self.rejected
+            + self.fallback
+            + self.abandoned
+            + self.unknown
+            + self.pending
             == self.valid
-            && self.rejected_out_of_set + self.rejected_stale + self.rejected_expired + self.rejected_unauthorized
+            && self.rejected_out_of_set
+                + self.rejected_stale
+                + self.rejected_expired
+                + self.rejected_unauthorized
                 == self.rejected
     }
 }
@@ -102,7 +111,13 @@ impl PointAgg {
         PointAgg {
             counts: Counts::default(),
             buckets: vec![BucketSums::default(); bucketing.len()],
-            cuts: cuts.iter().map(|&t| CutSums { threshold: t, ..CutSums::default() }).collect(),
+            cuts: cuts
+                .iter()
+                .map(|&t| CutSums {
+                    threshold: t,
+                    ..CutSums::default()
+                })
+                .collect(),
             bucketing,
         }
     }
@@ -179,8 +194,15 @@ impl PointAgg {
     }
 
     pub fn merge(&mut self, o: &PointAgg) {
-        assert_eq!(self.bucketing, o.bucketing, "merging points bucketed differently");
-        assert_eq!(self.cuts.len(), o.cuts.len(), "merging points with different cuts");
+        assert_eq!(
+            self.bucketing, o.bucketing,
+            "merging points bucketed differently"
+        );
+        assert_eq!(
+            self.cuts.len(),
+            o.cuts.len(),
+            "merging points with different cuts"
+        );
         self.counts.merge(&o.counts);
         for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
             a.n += b.n;
@@ -189,7 +211,10 @@ impl PointAgg {
             a.accepted += b.accepted;
         }
         for (a, b) in self.cuts.iter_mut().zip(&o.cuts) {
-            assert_eq!(a.threshold, b.threshold, "merging points with different cuts");
+            assert_eq!(
+                a.threshold, b.threshold,
+                "merging points with different cuts"
+            );
             a.n += b.n;
             a.success += b.success;
             a.accepted += b.accepted;
@@ -198,7 +223,13 @@ impl PointAgg {
 
     /// Judged counts per bucket, bottom to top (the policies' input).
     pub fn bucket_counts(&self) -> Vec<BucketCount> {
-        self.buckets.iter().map(|b| BucketCount { n: b.n, success: b.success }).collect()
+        self.buckets
+            .iter()
+            .map(|b| BucketCount {
+                n: b.n,
+                success: b.success,
+            })
+            .collect()
     }
 }
 
@@ -234,7 +265,8 @@ impl Aggregate {
         if !self.points.contains_key(name) {
             let buckets = Buckets::new(self.config.policy(name).bucket_width);
             let cuts = self.cuts.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            self.points.insert(name.to_string(), PointAgg::new(buckets, cuts));
+            self.points
+                .insert(name.to_string(), PointAgg::new(buckets, cuts));
         }
         self.points.get_mut(name).expect("inserted")
     }
@@ -275,7 +307,10 @@ mod tests {
             point: point.into(),
             model: None,
             candidates: vec!["a".into(), "b".into()],
-            result: ReceiptResult::Pick { id: "a".into(), confidence: c },
+            result: ReceiptResult::Pick {
+                id: "a".into(),
+                confidence: c,
+            },
             validation: Validation::Accepted,
             fallback: None,
             outcome: None,
@@ -285,7 +320,11 @@ mod tests {
     }
 
     fn outcome(mut r: Receipt, s: OutcomeStatus) -> Receipt {
-        r.outcome = Some(Outcome { status: s, duration_ms: None, retries: None });
+        r.outcome = Some(Outcome {
+            status: s,
+            duration_ms: None,
+            retries: None,
+        });
         r
     }
 
@@ -297,13 +336,23 @@ mod tests {
             outcome(pick("tool", 0.9), OutcomeStatus::Abandoned),
         ];
         let mut fb = outcome(pick("tool", 0.99), OutcomeStatus::Success);
-        fb.fallback = Some(Fallback { used: true, to: Some("b".into()), reason: None });
+        fb.fallback = Some(Fallback {
+            used: true,
+            to: Some("b".into()),
+            reason: None,
+        });
         v.push(fb);
         let mut unused_fb = outcome(pick("tool", 0.99), OutcomeStatus::Success);
-        unused_fb.fallback = Some(Fallback { used: false, to: None, reason: None });
+        unused_fb.fallback = Some(Fallback {
+            used: false,
+            to: None,
+            reason: None,
+        });
         v.push(unused_fb);
         let mut shadow = outcome(pick("args", 1.0), OutcomeStatus::Abandoned);
-        shadow.shadow = Some(Shadow { reference: "b".into() });
+        shadow.shadow = Some(Shadow {
+            reference: "b".into(),
+        });
         v.push(shadow);
         let mut ab = pick("args", 0.0);
         ab.result = ReceiptResult::Abstain;
@@ -326,18 +375,48 @@ mod tests {
         }
         a.add_bad();
         let t = &a.points["tool"].counts;
-        assert_eq!((t.valid, t.judged, t.pending, t.abandoned, t.fallback), (6, 3, 1, 1, 1));
+        assert_eq!(
+            (t.valid, t.judged, t.pending, t.abandoned, t.fallback),
+            (6, 3, 1, 1, 1)
+        );
         let g = &a.points["args"].counts;
-        assert_eq!((g.valid, g.judged, g.abstain, g.rejected, g.rejected_unauthorized, g.unknown), (4, 1, 1, 1, 1, 1));
+        assert_eq!(
+            (
+                g.valid,
+                g.judged,
+                g.abstain,
+                g.rejected,
+                g.rejected_unauthorized,
+                g.unknown
+            ),
+            (4, 1, 1, 1, 1, 1)
+        );
         assert!(t.balanced() && g.balanced());
         assert_eq!(a.records, a.valid() + a.bad);
         // the fallback with a success outcome is not a success; the shadow record is judged
         // against its reference (a failure), whatever its outcome says
         let tool = &a.points["tool"];
-        assert_eq!(tool.buckets[9], BucketSums { n: 2, success: 2, confidence_sum: 0.95 + 0.99, accepted: 4 }, "0.9 is an edge: bucket 9");
+        assert_eq!(
+            tool.buckets[9],
+            BucketSums {
+                n: 2,
+                success: 2,
+                confidence_sum: 0.95 + 0.99,
+                accepted: 4
+            },
+            "0.9 is an edge: bucket 9"
+        );
         assert_eq!(tool.buckets[3].n, 1);
         assert_eq!(tool.buckets[3].success, 0, "0.3 is judged in bucket 3");
-        assert_eq!(a.points["args"].buckets[9], BucketSums { n: 1, success: 0, confidence_sum: 1.0, accepted: 1 });
+        assert_eq!(
+            a.points["args"].buckets[9],
+            BucketSums {
+                n: 1,
+                success: 0,
+                confidence_sum: 1.0,
+                accepted: 1
+            }
+        );
     }
 
     #[test]
@@ -348,15 +427,24 @@ mod tests {
         let mut whole = Aggregate::new(&cfg, cuts.clone());
         all.iter().for_each(|r| whole.add(r));
         for split in 0..=all.len() {
-            let (mut a, mut b) = (Aggregate::new(&cfg, cuts.clone()), Aggregate::new(&cfg, cuts.clone()));
+            let (mut a, mut b) = (
+                Aggregate::new(&cfg, cuts.clone()),
+                Aggregate::new(&cfg, cuts.clone()),
+            );
             all[..split].iter().for_each(|r| a.add(r));
             all[split..].iter().for_each(|r| b.add(r));
             a.merge(&b);
             assert_eq!(a.points, whole.points, "split at {split}");
             assert_eq!(a.records, whole.records);
         }
-        assert!(whole.points.contains_key("stop"), "configured points exist without receipts");
+        assert!(
+            whole.points.contains_key("stop"),
+            "configured points exist without receipts"
+        );
         let cut = whole.points["tool"].cuts[1];
-        assert_eq!((cut.threshold, cut.n, cut.success, cut.accepted), (0.9, 2, 2, 4));
+        assert_eq!(
+            (cut.threshold, cut.n, cut.success, cut.accepted),
+            (0.9, 2, 2, 4)
+        );
     }
 }

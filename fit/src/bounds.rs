@@ -25,7 +25,10 @@ pub fn wilson(s: u64, n: u64, level: f64) -> Option<(f64, f64)> {
     let denom = 1.0 + crit2 / nf;
     let center = (q + crit2 / (2.0 * nf)) / denom;
     let dist = crit * (q * (1.0 - q) / nf + crit2 / (4.0 * nf * nf)).sqrt() / denom;
-    Some(((center - dist).clamp(0.0, 1.0), (center + dist).clamp(0.0, 1.0)))
+    Some((
+        (center - dist).clamp(0.0, 1.0),
+        (center + dist).clamp(0.0, 1.0),
+    ))
 }
 
 /// Wilson lower bound, or the plain rate when `bound` is off; `None` for `n = 0`.
@@ -134,7 +137,11 @@ pub fn norm_ppf(p: f64) -> f64 {
         return q * poly(&A, r) / poly(&B, r);
     }
     let r = (-(if q < 0.0 { p } else { 1.0 - p }).ln()).sqrt();
-    let val = if r <= 5.0 { poly(&C, r - 1.6) / poly(&D, r - 1.6) } else { poly(&E, r - 5.0) / poly(&F, r - 5.0) };
+    let val = if r <= 5.0 {
+        poly(&C, r - 1.6) / poly(&D, r - 1.6)
+    } else {
+        poly(&E, r - 5.0) / poly(&F, r - 5.0)
+    };
     if q < 0.0 { -val } else { val }
 }
 
@@ -150,7 +157,9 @@ pub fn ln_gamma(x: f64) -> f64 {
         let inv2 = inv * inv;
         let series = inv
             * (1.0 / 12.0
-                - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0 - inv2 * (1.0 / 1680.0 - inv2 * (1.0 / 1188.0)))));
+                - inv2
+                    * (1.0 / 360.0
+                        - inv2 * (1.0 / 1260.0 - inv2 * (1.0 / 1680.0 - inv2 * (1.0 / 1188.0)))));
         return (x - 0.5) * x.ln() - x + 0.5 * (2.0 * std::f64::consts::PI).ln() + series;
     }
     const G: f64 = 7.0;
@@ -275,11 +284,17 @@ pub fn beta_ppf(p: f64, a: f64, b: f64) -> f64 {
             hi = x;
         }
         let pdf = beta_ln_pdf(x, a, b).exp();
-        let mut next = if pdf.is_finite() && pdf > 0.0 { x - f / pdf } else { f64::NAN };
+        let mut next = if pdf.is_finite() && pdf > 0.0 {
+            x - f / pdf
+        } else {
+            f64::NAN
+        };
         if !(next > lo && next < hi) {
             next = 0.5 * (lo + hi);
         }
-        if (next - x).abs() <= 1e-17_f64.max(x.abs() * 2e-16) || hi - lo <= f64::EPSILON * hi.max(1e-300) {
+        if (next - x).abs() <= 1e-17_f64.max(x.abs() * 2e-16)
+            || hi - lo <= f64::EPSILON * hi.max(1e-300)
+        {
             return next;
         }
         x = next;
@@ -306,7 +321,10 @@ mod tests {
         for &(a, b) in &[(3.0, 50.0), (40.0, 2.0), (500.0, 9000.0), (2.5, 2.5)] {
             for &p in &[0.01, 0.5, 0.95, 0.999] {
                 let x = beta_ppf(p, a, b);
-                assert!((beta_cdf(x, a, b) - p).abs() < 1e-12, "a={a} b={b} p={p} x={x}");
+                assert!(
+                    (beta_cdf(x, a, b) - p).abs() < 1e-12,
+                    "a={a} b={b} p={p} x={x}"
+                );
             }
         }
     }

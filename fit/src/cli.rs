@@ -17,7 +17,9 @@ use crate::report;
 use crate::thresholds::{self, PointFit, SCHEMA, Source, Thresholds};
 
 #[derive(Debug, Clone, Args)]
-#[command(after_help = "Example:\n  decision fit --receipts receipts/2026-11.jsonl --config configs/fit.toml \\\n      --out thresholds.json --previous thresholds-2026-10.json --report fit-report")]
+#[command(
+    after_help = "Example:\n  decision fit --receipts receipts/2026-11.jsonl --config configs/fit.toml \\\n      --out thresholds.json --previous thresholds-2026-10.json --report fit-report"
+)]
 pub struct FitArgs {
     /// Receipt files (.jsonl / .json: contract records or keel DecisionEvents; .parquet: flattened
     /// columns) or folders of such shards.
@@ -50,7 +52,10 @@ pub struct FitOutcome {
 
 /// `<out>.quarantine.jsonl` beside the output: `thresholds.json` → `thresholds.quarantine.jsonl`.
 pub fn quarantine_path(out: &Path) -> PathBuf {
-    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "thresholds".into());
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "thresholds".into());
     out.with_file_name(format!("{stem}.quarantine.jsonl"))
 }
 
@@ -70,8 +75,11 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let quarantine = quarantine_path(&args.out);
     let errors_file = decision_data::quarantine::errors_path(&quarantine);
     let mut written = vec![&args.out, &quarantine, &errors_file];
-    let report_files: Vec<PathBuf> =
-        args.report.iter().flat_map(|d| [d.join("report.md"), d.join("report.html")]).collect();
+    let report_files: Vec<PathBuf> = args
+        .report
+        .iter()
+        .flat_map(|d| [d.join("report.md"), d.join("report.html")])
+        .collect();
     written.extend(report_files.iter());
     for w in &written {
         if let Some(f) = files.iter().find(|f| same_file(f, w)) {
@@ -81,7 +89,10 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
             && *w != &args.out
             && same_file(p, w)
         {
-            bail!("{} is the --previous file; refusing to overwrite it", p.display());
+            bail!(
+                "{} is the --previous file; refusing to overwrite it",
+                p.display()
+            );
         }
     }
 
@@ -89,7 +100,10 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let mut agg = Aggregate::new(&config, cuts);
     let mut q = Quarantine::create(&quarantine)?;
     let mut bad_lines: Vec<String> = Vec::new();
-    let opts = ReadOptions { outcome: config.outcome.clone(), progress: true };
+    let opts = ReadOptions {
+        outcome: config.outcome.clone(),
+        progress: true,
+    };
     let summary = for_each_receipt(&args.receipts, &opts, |item| {
         match item {
             Ok(r) => agg.add(r),
@@ -114,22 +128,36 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
         schema: SCHEMA,
         fitted_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         source: Source {
-            files: summary.files.iter().map(|f| f.display().to_string()).collect(),
+            files: summary
+                .files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect(),
             sha256: summary.sha256.clone(),
             records: agg.records,
             bad: agg.bad,
             valid: agg.valid(),
-            quarantine: quarantine.file_name().map(|n| n.to_string_lossy().into_owned()),
+            quarantine: quarantine
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned()),
         },
         points,
     };
-    let drift_rows = previous.as_ref().map(|p| drift::compare(p, &agg.points, &t.points));
+    let drift_rows = previous
+        .as_ref()
+        .map(|p| drift::compare(p, &agg.points, &t.points));
     thresholds::write(&args.out, &t)?;
     q.finish()?;
     if let Some(dir) = &args.report {
         report::write(dir, &t, drift_rows.as_deref(), &bad_lines, agg.bad)?;
     }
-    Ok(FitOutcome { thresholds: t, aggregate: agg, drift: drift_rows, quarantine, bad_lines })
+    Ok(FitOutcome {
+        thresholds: t,
+        aggregate: agg,
+        drift: drift_rows,
+        quarantine,
+        bad_lines,
+    })
 }
 
 fn fmt(x: Option<f64>) -> String {
@@ -143,7 +171,10 @@ pub fn run(args: FitArgs) -> Result<ExitCode> {
         eprintln!("bad record: {l}");
     }
     if t.source.bad > 20 {
-        eprintln!("… {} bad records in all; every one is listed in the quarantine's errors file", t.source.bad);
+        eprintln!(
+            "… {} bad records in all; every one is listed in the quarantine's errors file",
+            t.source.bad
+        );
     }
     println!(
         "read {} receipts from {} file(s): {} valid, {} bad{}",
@@ -151,7 +182,11 @@ pub fn run(args: FitArgs) -> Result<ExitCode> {
         t.source.files.len(),
         t.source.valid,
         t.source.bad,
-        if t.source.bad > 0 { format!(" (quarantined in {})", out.quarantine.display()) } else { String::new() }
+        if t.source.bad > 0 {
+            format!(" (quarantined in {})", out.quarantine.display())
+        } else {
+            String::new()
+        }
     );
     for (name, p) in &t.points {
         println!(
@@ -165,11 +200,22 @@ pub fn run(args: FitArgs) -> Result<ExitCode> {
         );
     }
     if let Some(rows) = &out.drift {
-        println!("\ncompared with {}:\n{}", args.previous.as_ref().expect("drift needs --previous").display(), drift::markdown(rows));
+        println!(
+            "\ncompared with {}:\n{}",
+            args.previous
+                .as_ref()
+                .expect("drift needs --previous")
+                .display(),
+            drift::markdown(rows)
+        );
     }
     println!("wrote {}", args.out.display());
     if let Some(d) = &args.report {
-        println!("wrote {} and {}", d.join("report.md").display(), d.join("report.html").display());
+        println!(
+            "wrote {} and {}",
+            d.join("report.md").display(),
+            d.join("report.html").display()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

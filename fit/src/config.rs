@@ -100,7 +100,8 @@ pub struct FitConfig {
 
 impl FitConfig {
     pub fn load(path: &Path) -> Result<FitConfig> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("{}: invalid fit config", path.display()))
     }
 
@@ -125,7 +126,10 @@ impl FitConfig {
                 bail!("points.{name}: a decision point is named [a-z][a-z0-9_]*");
             }
             let merged = overlay(&defaults_raw, p);
-            points.insert(name.clone(), resolve(&merged, p, &format!("points.{name}"))?);
+            points.insert(
+                name.clone(),
+                resolve(&merged, p, &format!("points.{name}"))?,
+            );
         }
         let outcome = OutcomePatterns::new(&raw.outcome.success, &raw.outcome.failure)?;
         Ok(FitConfig {
@@ -145,7 +149,8 @@ impl FitConfig {
 
 fn valid_point_name(p: &str) -> bool {
     let mut b = p.bytes();
-    matches!(b.next(), Some(b'a'..=b'z')) && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+    matches!(b.next(), Some(b'a'..=b'z'))
+        && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
 }
 
 fn overlay(base: &RawPolicy, top: &RawPolicy) -> RawPolicy {
@@ -188,13 +193,17 @@ fn resolve(p: &RawPolicy, own: &RawPolicy, at: &str) -> Result<PointPolicy> {
             let t = p.target.expect("built-in default");
             check_target(t, "target")?;
             if own.llm_accuracy.is_some() || own.saved_price.is_some() || own.cost_wrong.is_some() {
-                bail!("{at}: llm_accuracy / saved_price / cost_wrong only apply to policy = \"cost\"");
+                bail!(
+                    "{at}: llm_accuracy / saved_price / cost_wrong only apply to policy = \"cost\""
+                );
             }
             (t, None)
         }
         PolicyKind::Cost => {
             if own.target.is_some() && at != "defaults" {
-                bail!("{at}: policy \"cost\" derives its target (llm_accuracy − saved_price / cost_wrong); remove `target`");
+                bail!(
+                    "{at}: policy \"cost\" derives its target (llm_accuracy − saved_price / cost_wrong); remove `target`"
+                );
             }
             let missing: Vec<&str> = [
                 ("llm_accuracy", p.llm_accuracy.is_none()),
@@ -221,11 +230,22 @@ fn resolve(p: &RawPolicy, own: &RawPolicy, at: &str) -> Result<PointPolicy> {
                 bail!("{at}: cost_wrong = {} must be > 0", c.cost_wrong);
             }
             let t = c.llm_accuracy - c.saved_price / c.cost_wrong;
-            check_target(t, "the derived target llm_accuracy − saved_price / cost_wrong")?;
+            check_target(
+                t,
+                "the derived target llm_accuracy − saved_price / cost_wrong",
+            )?;
             (t, Some(c))
         }
     };
-    Ok(PointPolicy { kind, target, bound: p.bound.expect("built-in default"), level, min_count, bucket_width, cost })
+    Ok(PointPolicy {
+        kind,
+        target,
+        bound: p.bound.expect("built-in default"),
+        level,
+        min_count,
+        bucket_width,
+        cost,
+    })
 }
 
 #[cfg(test)]
@@ -280,9 +300,15 @@ failure = ["^task failed", "error"]
         assert!(err("[defaults]\ntarget = 0.9\ntagret = 0.9\n").contains("tagret"));
         assert!(err("[points.tool]\nmin_cont = 3\n").contains("min_cont"));
         assert!(err("[surprise]\n").contains("surprise"));
-        assert!(err("[points.tool]\ntarget = 1.2\n").contains("points.tool: target = 1.2 lies outside (0, 1]"));
+        assert!(
+            err("[points.tool]\ntarget = 1.2\n")
+                .contains("points.tool: target = 1.2 lies outside (0, 1]")
+        );
         assert!(err("[defaults]\ntarget = 0.0\n").contains("outside (0, 1]"));
-        assert!(err("[points.route]\npolicy = \"cost\"\nllm_accuracy = 0.9\n").contains("needs saved_price, cost_wrong"));
+        assert!(
+            err("[points.route]\npolicy = \"cost\"\nllm_accuracy = 0.9\n")
+                .contains("needs saved_price, cost_wrong")
+        );
         assert!(
             err("[points.route]\npolicy = \"cost\"\nllm_accuracy = 0.5\nsaved_price = 1\ncost_wrong = 1\n")
                 .contains("derived target")

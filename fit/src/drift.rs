@@ -46,11 +46,16 @@ pub struct PreviousPoint {
 
 impl Previous {
     pub fn read(path: &Path) -> Result<Previous> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut p: Previous = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a thresholds file", path.display()))?;
         if p.schema != SCHEMA {
-            bail!("{}: schema {:?} is not {SCHEMA:?}; refusing to compare", path.display(), p.schema);
+            bail!(
+                "{}: schema {:?} is not {SCHEMA:?}; refusing to compare",
+                path.display(),
+                p.schema
+            );
         }
         p.path = path.to_path_buf();
         Ok(p)
@@ -118,27 +123,70 @@ pub struct DriftRow {
 
 fn tested(threshold: f64, n: u64, success: u64, level: f64) -> Option<Tested> {
     let (lower, upper) = bounds::wilson(success, n, level)?;
-    Some(Tested { threshold, n, success, rate: success as f64 / n as f64, lower, upper })
+    Some(Tested {
+        threshold,
+        n,
+        success,
+        rate: success as f64 / n as f64,
+        lower,
+        upper,
+    })
 }
 
-/// One row per point in either file.
-pub fn compare(prev: &Previous, aggs: &BTreeMap<String, PointAgg>, fits: &BTreeMap<String, PointFit>) -> Vec<DriftRow> {
+/// One row per point in either file (a point only in the previous file gets a row with
+/// `new_status = "no receipts"`).
+pub fn compare(
+    prev: &Previous,
+    aggs: &BTreeMap<String, PointAgg>,
+    fits: &BTreeMap<String, PointFit>,
+) -> Vec<DriftRow> {
     let mut names: Vec<&String> = prev.points.keys().chain(fits.keys()).collect();
     names.sort();
     names.dedup();
     names
         .into_iter()
         .filter_map(|name| {
-            let new = fits.get(name)?;
             let old = prev.points.get(name);
-            let agg = aggs.get(name)?;
+            let (Some(new), Some(agg)) = (fits.get(name), aggs.get(name)) else {
+                // In the previous file only: no receipts for it now.
+                let old = old?;
+                return Some(DriftRow {
+                    point: name.clone(),
+                    old_status: Some(old.status.clone()),
+                    new_status: "no receipts".into(),
+                    old_threshold: old.threshold,
+                    new_threshold: None,
+                    old_coverage: old.coverage,
+                    new_coverage: 0.0,
+                    old_success: old.success_above,
+                    new_success: None,
+                    share_above_old: old.threshold.and(old.coverage),
+                    share_above_new: None,
+                    target: f64::NAN,
+                    tested: None,
+                    verdict: if old.threshold.is_none() {
+                        Verdict::Unchanged
+                    } else {
+                        Verdict::Untestable
+                    },
+                });
+            };
             let old_t = old.and_then(|o| o.threshold);
             let level = new.policy.level;
             let mut share_above_new = None;
             let test = match old_t {
                 Some(t) => {
-                    let cut = agg.cuts.iter().find(|c| c.threshold == t).copied().unwrap_or_default();
-                    share_above_new = Some(if agg.counts.valid == 0 { 0.0 } else { cut.accepted as f64 / agg.counts.valid as f64 });
+                    let cut = agg
+                        .cuts
+                        .iter()
+                        .find(|c| c.threshold == t)
+                        .copied()
+                        .unwrap_or_default();
+                    share_above_new = Some(if agg.counts.valid == 0 {
+                        0.0
+                    } else {
+                        cut.accepted as f64 / agg.counts.valid as f64
+                    });
                     tested(t, cut.n, cut.success, level)
                 }
                 None => new.threshold.and_then(|t| {
@@ -153,7 +201,9 @@ pub fn compare(prev: &Previous, aggs: &BTreeMap<String, PointAgg>, fits: &BTreeM
             } else {
                 match test {
                     None => Verdict::Untestable,
-                    Some(t) if new.policy.target < t.lower || new.policy.target > t.upper => Verdict::BeyondNoise,
+                    Some(t) if new.policy.target < t.lower || new.policy.target > t.upper => {
+                        Verdict::BeyondNoise
+                    }
                     Some(_) => Verdict::WithinNoise,
                 }
             };
@@ -189,7 +239,12 @@ pub fn markdown(rows: &[DriftRow]) -> String {
     for r in rows {
         let test = r.tested.map_or_else(
             || "—".to_string(),
-            |t| format!("{:.3} [{:.3}, {:.3}] (n = {}, at {}) vs {:.3}", t.rate, t.lower, t.upper, t.n, t.threshold, r.target),
+            |t| {
+                format!(
+                    "{:.3} [{:.3}, {:.3}] (n = {}, at {}) vs {:.3}",
+                    t.rate, t.lower, t.upper, t.n, t.threshold, r.target
+                )
+            },
         );
         s.push_str(&format!(
             "| {} | {} → {} | {} → {:.3} | {} → {} | {} → {} | {} | {} |\n",

@@ -126,9 +126,18 @@ pub fn bucket_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
         }
     }
     match (any_counted, lowest_ok) {
-        (false, _) => Decision { status: Status::InsufficientData, bucket: None },
-        (true, None) => Decision { status: Status::NoAcceptableBucket, bucket: None },
-        (true, Some(i)) => Decision { status: Status::Fitted, bucket: Some(i) },
+        (false, _) => Decision {
+            status: Status::InsufficientData,
+            bucket: None,
+        },
+        (true, None) => Decision {
+            status: Status::NoAcceptableBucket,
+            bucket: None,
+        },
+        (true, Some(i)) => Decision {
+            status: Status::Fitted,
+            bucket: Some(i),
+        },
     }
 }
 
@@ -158,9 +167,18 @@ pub fn risk_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
         }
     }
     match (tested, last_pass) {
-        (false, _) => Decision { status: Status::InsufficientData, bucket: None },
-        (true, None) => Decision { status: Status::NoAcceptableBucket, bucket: None },
-        (true, Some(i)) => Decision { status: Status::Fitted, bucket: Some(i) },
+        (false, _) => Decision {
+            status: Status::InsufficientData,
+            bucket: None,
+        },
+        (true, None) => Decision {
+            status: Status::NoAcceptableBucket,
+            bucket: None,
+        },
+        (true, Some(i)) => Decision {
+            status: Status::Fitted,
+            bucket: Some(i),
+        },
     }
 }
 
@@ -173,7 +191,11 @@ mod tests {
     fn exact_edges_land_in_their_bucket() {
         let b = Buckets::new(0.1);
         assert_eq!(b.len(), 10);
-        assert_eq!(b.index(0.3), 3, "0.3 / 0.1 = 2.9999999999999996 must not fall to bucket 2");
+        assert_eq!(
+            b.index(0.3),
+            3,
+            "0.3 / 0.1 = 2.9999999999999996 must not fall to bucket 2"
+        );
         assert_eq!(b.index(0.0), 0);
         assert_eq!(b.index(1.0), 9, "the top bucket holds 1.0");
         assert_eq!(b.index(0.7), 7);
@@ -183,7 +205,10 @@ mod tests {
         for i in 0..10 {
             let edge = b.lo(i);
             assert_eq!(b.index(edge), i, "edge {edge}");
-            assert_eq!(edge, format!("{:.1}", i as f64 / 10.0).parse::<f64>().unwrap());
+            assert_eq!(
+                edge,
+                format!("{:.1}", i as f64 / 10.0).parse::<f64>().unwrap()
+            );
         }
         let odd = Buckets::new(0.15);
         assert_eq!(odd.len(), 7);
@@ -195,11 +220,15 @@ mod tests {
     }
 
     fn policy(extra: &str) -> PointPolicy {
-        FitConfig::parse(&format!("[defaults]\nmin_count = 10\n{extra}")).unwrap().defaults
+        FitConfig::parse(&format!("[defaults]\nmin_count = 10\n{extra}"))
+            .unwrap()
+            .defaults
     }
 
     fn counts(v: &[(u64, u64)]) -> Vec<BucketCount> {
-        v.iter().map(|&(n, success)| BucketCount { n, success }).collect()
+        v.iter()
+            .map(|&(n, success)| BucketCount { n, success })
+            .collect()
     }
 
     #[test]
@@ -207,20 +236,54 @@ mod tests {
         let p = policy("target = 0.8\nbound = \"none\"");
         // bottom → top: bucket 7 dips to 50% between good buckets.
         let mut c = counts(&[(0, 0); 10]);
-        c[9] = BucketCount { n: 100, success: 99 };
-        c[8] = BucketCount { n: 100, success: 95 };
-        c[7] = BucketCount { n: 100, success: 50 };
-        c[6] = BucketCount { n: 100, success: 99 };
+        c[9] = BucketCount {
+            n: 100,
+            success: 99,
+        };
+        c[8] = BucketCount {
+            n: 100,
+            success: 95,
+        };
+        c[7] = BucketCount {
+            n: 100,
+            success: 50,
+        };
+        c[6] = BucketCount {
+            n: 100,
+            success: 99,
+        };
         let d = bucket_rule(&c, &p);
-        assert_eq!(d, Decision { status: Status::Fitted, bucket: Some(8) });
+        assert_eq!(
+            d,
+            Decision {
+                status: Status::Fitted,
+                bucket: Some(8)
+            }
+        );
         // A sparse bucket is skipped, not a stop.
         c[8] = BucketCount { n: 5, success: 0 };
         assert_eq!(bucket_rule(&c, &p).bucket, Some(9));
-        c[7] = BucketCount { n: 100, success: 99 };
-        assert_eq!(bucket_rule(&c, &p).bucket, Some(6), "skipped bucket 8 lies inside the accepted range");
+        c[7] = BucketCount {
+            n: 100,
+            success: 99,
+        };
+        assert_eq!(
+            bucket_rule(&c, &p).bucket,
+            Some(6),
+            "skipped bucket 8 lies inside the accepted range"
+        );
         // Top bucket unacceptable: nothing below can be accepted.
-        c[9] = BucketCount { n: 100, success: 10 };
-        assert_eq!(bucket_rule(&c, &p), Decision { status: Status::NoAcceptableBucket, bucket: None });
+        c[9] = BucketCount {
+            n: 100,
+            success: 10,
+        };
+        assert_eq!(
+            bucket_rule(&c, &p),
+            Decision {
+                status: Status::NoAcceptableBucket,
+                bucket: None
+            }
+        );
         // Nothing reaches min_count.
         let thin = counts(&[(9, 9); 10]);
         assert_eq!(bucket_rule(&thin, &p).status, Status::InsufficientData);
@@ -230,9 +293,15 @@ mod tests {
     fn wilson_is_stricter_than_the_rate() {
         let mut c = counts(&[(0, 0); 10]);
         c[9] = BucketCount { n: 20, success: 20 };
-        assert_eq!(bucket_rule(&c, &policy("target = 0.9\nbound = \"none\"")).bucket, Some(9));
+        assert_eq!(
+            bucket_rule(&c, &policy("target = 0.9\nbound = \"none\"")).bucket,
+            Some(9)
+        );
         // Wilson lower bound of 20/20 at 95% is about 0.839
-        assert_eq!(bucket_rule(&c, &policy("target = 0.9")).status, Status::NoAcceptableBucket);
+        assert_eq!(
+            bucket_rule(&c, &policy("target = 0.9")).status,
+            Status::NoAcceptableBucket
+        );
     }
 
     #[test]
@@ -248,7 +317,16 @@ mod tests {
         c[8] = BucketCount { n: 20, success: 20 };
         c[7] = BucketCount { n: 30, success: 10 };
         // 40/40: upper 0.0722 passes; 60/60: passes; 90 with 20 errors fails.
-        assert_eq!(risk_rule(&c, &p), Decision { status: Status::Fitted, bucket: Some(8) });
-        assert_eq!(risk_rule(&counts(&[(1, 1); 9]), &p).status, Status::InsufficientData);
+        assert_eq!(
+            risk_rule(&c, &p),
+            Decision {
+                status: Status::Fitted,
+                bucket: Some(8)
+            }
+        );
+        assert_eq!(
+            risk_rule(&counts(&[(1, 1); 9]), &p).status,
+            Status::InsufficientData
+        );
     }
 }

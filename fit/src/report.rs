@@ -34,7 +34,11 @@ pub fn risk_coverage(p: &PointFit) -> Vec<RiskCoverage> {
         if n > 0 {
             out.push(RiskCoverage {
                 threshold: b.lo,
-                coverage: if p.records == 0 { 0.0 } else { acc as f64 / p.records as f64 },
+                coverage: if p.records == 0 {
+                    0.0
+                } else {
+                    acc as f64 / p.records as f64
+                },
                 risk: 1.0 - s as f64 / n as f64,
                 n,
             });
@@ -70,32 +74,49 @@ pub fn reliability_svg(name: &str, p: &PointFit) -> Result<String> {
             .light_line_style(WHITE)
             .draw()
             .map_err(plot_err)?;
-        chart.draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.35))).map_err(plot_err)?;
+        chart
+            .draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.35)))
+            .map_err(plot_err)?;
         let judged: Vec<_> = p.buckets.iter().filter(|b| b.n > 0).collect();
         chart
             .draw_series(judged.iter().map(|b| {
-                Rectangle::new([(b.lo, 0.0), (b.hi, b.rate.unwrap_or(0.0))], BLUE.mix(0.25).filled())
+                Rectangle::new(
+                    [(b.lo, 0.0), (b.hi, b.rate.unwrap_or(0.0))],
+                    BLUE.mix(0.25).filled(),
+                )
             }))
             .map_err(plot_err)?;
         chart
             .draw_series(judged.iter().map(|b| {
-                Circle::new((b.mean_confidence.unwrap_or(b.lo), b.rate.unwrap_or(0.0)), 3, BLUE.filled())
+                Circle::new(
+                    (b.mean_confidence.unwrap_or(b.lo), b.rate.unwrap_or(0.0)),
+                    3,
+                    BLUE.filled(),
+                )
             }))
             .map_err(plot_err)?;
         chart
             .draw_series(judged.iter().map(|b| {
                 Text::new(
                     format!("{}", b.n),
-                    ((b.lo + b.hi) / 2.0 - 0.03, (b.rate.unwrap_or(0.0) + 0.06).min(1.07)),
+                    (
+                        (b.lo + b.hi) / 2.0 - 0.03,
+                        (b.rate.unwrap_or(0.0) + 0.06).min(1.07),
+                    ),
                     ("sans-serif", 10),
                 )
             }))
             .map_err(plot_err)?;
         if let Some(t) = p.threshold {
-            chart.draw_series(LineSeries::new([(t, 0.0), (t, 1.08)], RED.stroke_width(2))).map_err(plot_err)?;
+            chart
+                .draw_series(LineSeries::new([(t, 0.0), (t, 1.08)], RED.stroke_width(2)))
+                .map_err(plot_err)?;
         }
         chart
-            .draw_series(LineSeries::new([(0.0, p.policy.target), (1.0, p.policy.target)], GREEN.mix(0.7)))
+            .draw_series(LineSeries::new(
+                [(0.0, p.policy.target), (1.0, p.policy.target)],
+                GREEN.mix(0.7),
+            ))
             .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
@@ -105,7 +126,12 @@ pub fn reliability_svg(name: &str, p: &PointFit) -> Result<String> {
 /// Risk–coverage curve as an SVG string.
 pub fn risk_coverage_svg(name: &str, p: &PointFit) -> Result<String> {
     let curve = risk_coverage(p);
-    let max_risk = curve.iter().map(|c| c.risk).fold(1.0 - p.policy.target, f64::max).max(0.05) * 1.1;
+    let max_risk = curve
+        .iter()
+        .map(|c| c.risk)
+        .fold(1.0 - p.policy.target, f64::max)
+        .max(0.05)
+        * 1.1;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
@@ -125,15 +151,31 @@ pub fn risk_coverage_svg(name: &str, p: &PointFit) -> Result<String> {
             .draw()
             .map_err(plot_err)?;
         chart
-            .draw_series(LineSeries::new([(0.0, 1.0 - p.policy.target), (1.0, 1.0 - p.policy.target)], GREEN.mix(0.7)))
+            .draw_series(LineSeries::new(
+                [(0.0, 1.0 - p.policy.target), (1.0, 1.0 - p.policy.target)],
+                GREEN.mix(0.7),
+            ))
             .map_err(plot_err)?;
-        chart.draw_series(LineSeries::new(curve.iter().map(|c| (c.coverage, c.risk)), BLUE)).map_err(plot_err)?;
         chart
-            .draw_series(curve.iter().map(|c| Circle::new((c.coverage, c.risk), 3, BLUE.filled())))
+            .draw_series(LineSeries::new(
+                curve.iter().map(|c| (c.coverage, c.risk)),
+                BLUE,
+            ))
+            .map_err(plot_err)?;
+        chart
+            .draw_series(
+                curve
+                    .iter()
+                    .map(|c| Circle::new((c.coverage, c.risk), 3, BLUE.filled())),
+            )
             .map_err(plot_err)?;
         chart
             .draw_series(curve.iter().map(|c| {
-                Text::new(format!("{:.1}", c.threshold), (c.coverage + 0.01, c.risk + max_risk * 0.03), ("sans-serif", 10))
+                Text::new(
+                    format!("{:.1}", c.threshold),
+                    (c.coverage + 0.01, c.risk + max_risk * 0.03),
+                    ("sans-serif", 10),
+                )
             }))
             .map_err(plot_err)?;
         if let Some(t) = p.threshold
@@ -153,7 +195,10 @@ fn num(x: Option<f64>) -> String {
 }
 
 fn status(p: &PointFit) -> String {
-    serde_json::to_value(p.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    serde_json::to_value(p.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// Per-point summary table (Markdown).
@@ -186,7 +231,9 @@ fn summary_table(t: &Thresholds) -> String {
 }
 
 fn bucket_table(p: &PointFit) -> String {
-    let mut s = String::from("| bucket | judged | success | rate | lower | mean confidence | accepted picks |\n|---|---|---|---|---|---|---|\n");
+    let mut s = String::from(
+        "| bucket | judged | success | rate | lower | mean confidence | accepted picks |\n|---|---|---|---|---|---|---|\n",
+    );
     for b in &p.buckets {
         let _ = writeln!(
             s,
@@ -206,7 +253,12 @@ fn bucket_table(p: &PointFit) -> String {
 }
 
 /// report.md: the same content as the HTML without the charts.
-pub fn markdown(t: &Thresholds, drift_rows: Option<&[DriftRow]>, bad_lines: &[String], bad_total: u64) -> String {
+pub fn markdown(
+    t: &Thresholds,
+    drift_rows: Option<&[DriftRow]>,
+    bad_lines: &[String],
+    bad_total: u64,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Threshold fit\n");
     let _ = writeln!(
@@ -247,19 +299,29 @@ pub fn markdown(t: &Thresholds, drift_rows: Option<&[DriftRow]>, bad_lines: &[St
         }
     }
     if bad_total > 0 {
-        let _ = writeln!(s, "\n## Bad records ({bad_total}, quarantined in `{}`)\n", t.source.quarantine.as_deref().unwrap_or("—"));
+        let _ = writeln!(
+            s,
+            "\n## Bad records ({bad_total}, quarantined in `{}`)\n",
+            t.source.quarantine.as_deref().unwrap_or("—")
+        );
         for l in bad_lines {
             let _ = writeln!(s, "- {l}");
         }
         if bad_total > bad_lines.len() as u64 {
-            let _ = writeln!(s, "- … and {} more (all listed in the quarantine's errors file)", bad_total - bad_lines.len() as u64);
+            let _ = writeln!(
+                s,
+                "- … and {} more (all listed in the quarantine's errors file)",
+                bad_total - bad_lines.len() as u64
+            );
         }
     }
     s
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A tiny Markdown-table-to-HTML conversion, enough for the tables above.
@@ -348,7 +410,13 @@ td,th{{border:1px solid #ccc;padding:3px 7px;font-size:13px}}th{{background:#f3f
 }
 
 /// Write report.md and report.html into `dir` (atomically).
-pub fn write(dir: &Path, t: &Thresholds, drift_rows: Option<&[DriftRow]>, bad_lines: &[String], bad_total: u64) -> Result<()> {
+pub fn write(
+    dir: &Path,
+    t: &Thresholds,
+    drift_rows: Option<&[DriftRow]>,
+    bad_lines: &[String],
+    bad_total: u64,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating {}: {e}", dir.display()))?;
     let md = markdown(t, drift_rows, bad_lines, bad_total);
     decision_data::atomic::write_atomic(dir.join("report.md"), md.as_bytes())?;

@@ -11,7 +11,8 @@
 //! outcomes), pending and abandoned outcomes, shadow-mode records judged against a reference,
 //! free-text outcomes, and, on request, a share of bad records (a confidence above 1, or a pick
 //! that was not offered yet accepted). About a third of the confidences are rounded to two
-//! decimals, so exact bucket edges (0.3, 1.0, 0.0) occur.
+//! decimals and a few lie exactly on a bucket edge (0.0, 0.3, 1.0, ...), as rounded model
+//! probabilities do.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,7 +26,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 #[derive(Debug, Clone, Args)]
-#[command(after_help = "Example:\n  decision gen-receipts --n 20000 --seed 7 --bad 0.001 --out demo-out/receipts.parquet")]
+#[command(
+    after_help = "Example:\n  decision gen-receipts --n 20000 --seed 7 --bad 0.001 --out demo-out/receipts.parquet"
+)]
 pub struct GenReceiptsArgs {
     /// Output file: .parquet (flattened columns) or .jsonl (contract shape).
     #[arg(long)]
@@ -61,7 +64,11 @@ pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
     };
     let mut c: f64 = 1.0 - rng.random::<f64>().powf(1.0 / skew).min(1.0);
     c = c.clamp(0.0, 1.0);
-    if rng.random::<f64>() < 0.35 {
+    let rounding: f64 = rng.random();
+    if rounding < 0.03 {
+        // exactly on a bucket edge, 0.0 and 1.0 included
+        c = f64::from(rng.random_range(0..=10u8)) / 10.0;
+    } else if rounding < 0.35 {
         c = (c * 100.0).round() / 100.0;
     }
     // Probability that the pick is right, given its confidence.
@@ -72,15 +79,29 @@ pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         _ => (0.05 + 0.95 * c).min(1.0),
     };
     let ok = rng.random::<f64>() < p_ok;
-    let pick = if ok { best } else { (best + 1 + rng.random_range(0..k - 1)) % k };
+    let pick = if ok {
+        best
+    } else {
+        (best + 1 + rng.random_range(0..k - 1)) % k
+    };
 
     let mut r = Receipt {
         id: format!("r{i:09}"),
         at: at_of(i),
         point: point.to_string(),
-        model: Some(if rng.random::<f64>() < 0.8 { "laya" } else { "jev" }.to_string()),
+        model: Some(
+            if rng.random::<f64>() < 0.8 {
+                "laya"
+            } else {
+                "jev"
+            }
+            .to_string(),
+        ),
         candidates,
-        result: ReceiptResult::Pick { id: format!("{point}-{pick}"), confidence: c },
+        result: ReceiptResult::Pick {
+            id: format!("{point}-{pick}"),
+            confidence: c,
+        },
         validation: Validation::Accepted,
         fallback: None,
         outcome: None,
@@ -92,14 +113,21 @@ pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
     if v < 0.04 {
         r.result = ReceiptResult::Abstain;
         if rng.random::<f64>() < 0.5 {
-            r.fallback = Some(Fallback { used: true, to: Some(r.candidates[0].clone()), reason: Some("abstained".into()) });
+            r.fallback = Some(Fallback {
+                used: true,
+                to: Some(r.candidates[0].clone()),
+                reason: Some("abstained".into()),
+            });
         }
         return maybe_bad(rng, r, bad_share);
     }
     if v < 0.07 {
         r.validation = match rng.random_range(0..4) {
             0 => {
-                r.result = ReceiptResult::Pick { id: format!("{point}-ghost"), confidence: c };
+                r.result = ReceiptResult::Pick {
+                    id: format!("{point}-ghost"),
+                    confidence: c,
+                };
                 Validation::RejectedOutOfSet
             }
             1 => Validation::RejectedStale,
@@ -113,21 +141,43 @@ pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
     let retries = Some(rng.random_range(0..3u32));
     if o < 0.25 {
         // shadow mode: not acted on, judged against the answer key
-        r.shadow = Some(Shadow { reference: format!("{point}-{best}") });
+        r.shadow = Some(Shadow {
+            reference: format!("{point}-{best}"),
+        });
     } else if o < 0.30 {
         // pending
     } else if o < 0.32 {
-        r.outcome = Some(Outcome { status: OutcomeStatus::Abandoned, duration_ms, retries });
+        r.outcome = Some(Outcome {
+            status: OutcomeStatus::Abandoned,
+            duration_ms,
+            retries,
+        });
     } else if o < 0.34 {
         r.observed_outcome = Some("user closed the window".into());
     } else {
-        let status = if ok { OutcomeStatus::Success } else { OutcomeStatus::Failure };
-        r.outcome = Some(Outcome { status, duration_ms, retries });
+        let status = if ok {
+            OutcomeStatus::Success
+        } else {
+            OutcomeStatus::Failure
+        };
+        r.outcome = Some(Outcome {
+            status,
+            duration_ms,
+            retries,
+        });
         if rng.random::<f64>() < 0.05 {
             // the host fell back after accepting; often the fallback then succeeded
-            r.fallback = Some(Fallback { used: true, to: Some(r.candidates[0].clone()), reason: Some("provider auth failed".into()) });
+            r.fallback = Some(Fallback {
+                used: true,
+                to: Some(r.candidates[0].clone()),
+                reason: Some("provider auth failed".into()),
+            });
             if rng.random::<f64>() < 0.8 {
-                r.outcome = Some(Outcome { status: OutcomeStatus::Success, duration_ms, retries });
+                r.outcome = Some(Outcome {
+                    status: OutcomeStatus::Success,
+                    duration_ms,
+                    retries,
+                });
             }
         }
     }
@@ -137,9 +187,15 @@ pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
 fn maybe_bad(rng: &mut ChaCha8Rng, mut r: Receipt, share: f64) -> Receipt {
     if share > 0.0 && rng.random::<f64>() < share {
         if rng.random::<bool>() {
-            r.result = ReceiptResult::Pick { id: r.candidates[0].clone(), confidence: 1.5 };
+            r.result = ReceiptResult::Pick {
+                id: r.candidates[0].clone(),
+                confidence: 1.5,
+            };
         } else {
-            r.result = ReceiptResult::Pick { id: "never-offered".into(), confidence: 0.9 };
+            r.result = ReceiptResult::Pick {
+                id: "never-offered".into(),
+                confidence: 0.9,
+            };
             r.validation = Validation::Accepted;
         }
     }

@@ -132,7 +132,13 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
             n: s.n,
             success: s.success,
             rate: (s.n > 0).then(|| s.success as f64 / s.n as f64),
-            lower: crate::policy::bucket_lower(crate::policy::BucketCount { n: s.n, success: s.success }, policy),
+            lower: crate::policy::bucket_lower(
+                crate::policy::BucketCount {
+                    n: s.n,
+                    success: s.success,
+                },
+                policy,
+            ),
             mean_confidence: (s.n > 0).then(|| s.confidence_sum / s.n as f64),
             accepted: s.accepted,
         })

@@ -31,8 +31,8 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use super::{OutcomePatterns, Shape};
-pub(super) use crate::states_io::FieldError;
 use crate::states_io::BadRow;
+pub(super) use crate::states_io::FieldError;
 use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
 
 /// Every key either shape may carry, unparsed.
@@ -76,7 +76,10 @@ struct RawLine<'a> {
 }
 
 fn err<T>(field: &str, reason: impl Into<String>) -> Result<T, FieldError> {
-    Err(FieldError { field: field.to_string(), reason: reason.into() })
+    Err(FieldError {
+        field: field.to_string(),
+        reason: reason.into(),
+    })
 }
 
 /// A JSON `null` counts as absent.
@@ -84,17 +87,28 @@ fn present(raw: Option<&RawValue>) -> Option<&RawValue> {
     raw.filter(|r| r.get().trim() != "null")
 }
 
-fn opt<T: DeserializeOwned>(raw: Option<&RawValue>, field: &str, what: &str) -> Result<Option<T>, FieldError> {
+fn opt<T: DeserializeOwned>(
+    raw: Option<&RawValue>,
+    field: &str,
+    what: &str,
+) -> Result<Option<T>, FieldError> {
     match present(raw) {
         None => Ok(None),
         Some(r) => match serde_json::from_str::<T>(r.get()) {
             Ok(v) => Ok(Some(v)),
-            Err(_) => err(field, format!("expected {what}, found {}", preview(r.get()))),
+            Err(_) => err(
+                field,
+                format!("expected {what}, found {}", preview(r.get())),
+            ),
         },
     }
 }
 
-fn req<T: DeserializeOwned>(raw: Option<&RawValue>, field: &str, what: &str) -> Result<T, FieldError> {
+fn req<T: DeserializeOwned>(
+    raw: Option<&RawValue>,
+    field: &str,
+    what: &str,
+) -> Result<T, FieldError> {
     match opt(raw, field, what)? {
         Some(v) => Ok(v),
         None => err(field, "missing"),
@@ -103,11 +117,19 @@ fn req<T: DeserializeOwned>(raw: Option<&RawValue>, field: &str, what: &str) -> 
 
 fn preview(s: &str) -> String {
     let s = s.trim();
-    if s.chars().count() > 40 { format!("{}…", s.chars().take(40).collect::<String>()) } else { s.to_string() }
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_string()
+    }
 }
 
 fn non_empty(s: String, field: &str) -> Result<String, FieldError> {
-    if s.is_empty() { err(field, "empty") } else { Ok(s) }
+    if s.is_empty() {
+        err(field, "empty")
+    } else {
+        Ok(s)
+    }
 }
 
 fn probability(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, FieldError> {
@@ -123,7 +145,8 @@ fn probability(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, Field
 /// `[a-z][a-z0-9_]*`, as contracts section 1 names decision points.
 pub(super) fn valid_point(p: &str) -> bool {
     let mut b = p.bytes();
-    matches!(b.next(), Some(b'a'..=b'z')) && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+    matches!(b.next(), Some(b'a'..=b'z'))
+        && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
 }
 
 /// A pick must name an offered candidate unless the host rejected it as out of set.
@@ -134,21 +157,35 @@ pub(super) fn check_pick_offered(r: &Receipt, field: &str) -> Result<(), FieldEr
     {
         return err(
             field,
-            format!("picked {id:?}, which was not offered, yet validation is {}", r.validation.as_str()),
+            format!(
+                "picked {id:?}, which was not offered, yet validation is {}",
+                r.validation.as_str()
+            ),
         );
     }
     Ok(())
 }
 
-fn map_observed(text: Option<String>, outcome: Option<Outcome>, patterns: &OutcomePatterns) -> Option<Outcome> {
+fn map_observed(
+    text: Option<String>,
+    outcome: Option<Outcome>,
+    patterns: &OutcomePatterns,
+) -> Option<Outcome> {
     outcome.or_else(|| {
         let status = patterns.classify(text.as_deref()?)?;
-        Some(Outcome { status, duration_ms: None, retries: None })
+        Some(Outcome {
+            status,
+            duration_ms: None,
+            retries: None,
+        })
     })
 }
 
 /// Parse one line (without its newline). Blank lines are the caller's business.
-pub(super) fn parse_line(line: &[u8], patterns: &OutcomePatterns) -> Result<(Receipt, Shape), FieldError> {
+pub(super) fn parse_line(
+    line: &[u8],
+    patterns: &OutcomePatterns,
+) -> Result<(Receipt, Shape), FieldError> {
     let raw: RawLine<'_> = match serde_json::from_slice(line) {
         Ok(r) => r,
         Err(e) if e.is_data() => return err("(line)", format!("not a JSON object: {e}")),
@@ -159,7 +196,10 @@ pub(super) fn parse_line(line: &[u8], patterns: &OutcomePatterns) -> Result<(Rec
     } else if present(raw.stage).is_some() || present(raw.created_at).is_some() {
         Ok((keel(&raw, patterns)?, Shape::Keel))
     } else {
-        err("point", "missing (neither the contract's `point` nor keel's `stage` is present)")
+        err(
+            "point",
+            "missing (neither the contract's `point` nor keel's `stage` is present)",
+        )
     }
 }
 
@@ -200,7 +240,12 @@ struct ContractShadow<'a> {
 }
 
 fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue, field: &str) -> Result<T, FieldError> {
-    serde_json::from_str(raw.get()).or_else(|_| err(field, format!("expected an object, found {}", preview(raw.get()))))
+    serde_json::from_str(raw.get()).or_else(|_| {
+        err(
+            field,
+            format!("expected an object, found {}", preview(raw.get())),
+        )
+    })
 }
 
 fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldError> {
@@ -216,7 +261,9 @@ fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, Fi
     let model: Option<String> = opt(raw.model, "model", "a string")?;
     let candidates: Vec<String> = req(raw.candidates, "candidates", "a list of candidate ids")?;
 
-    let Some(result_raw) = present(raw.result) else { return err("result", "missing") };
+    let Some(result_raw) = present(raw.result) else {
+        return err("result", "missing");
+    };
     let res: ContractResult<'_> = object(result_raw, "result")?;
     let kind: String = req(res.kind, "result.kind", "a string")?;
     let result = match kind.as_str() {
@@ -228,7 +275,12 @@ fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, Fi
             ReceiptResult::Pick { id, confidence }
         }
         "abstain" => ReceiptResult::Abstain,
-        other => return err("result.kind", format!("unknown value {other:?} (expected pick or abstain)")),
+        other => {
+            return err(
+                "result.kind",
+                format!("unknown value {other:?} (expected pick or abstain)"),
+            );
+        }
     };
 
     let validation_s: String = req(raw.validation, "validation", "a string")?;
@@ -254,11 +306,18 @@ fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, Fi
             let o: ContractOutcome<'_> = object(o, "outcome")?;
             let s: String = req(o.status, "outcome.status", "a string")?;
             let Some(status) = OutcomeStatus::parse(&s) else {
-                return err("outcome.status", format!("unknown value {s:?} (expected success, failure or abandoned)"));
+                return err(
+                    "outcome.status",
+                    format!("unknown value {s:?} (expected success, failure or abandoned)"),
+                );
             };
             Some(Outcome {
                 status,
-                duration_ms: opt(o.duration_ms, "outcome.durationMs", "a non-negative integer")?,
+                duration_ms: opt(
+                    o.duration_ms,
+                    "outcome.durationMs",
+                    "a non-negative integer",
+                )?,
                 retries: opt(o.retries, "outcome.retries", "a non-negative integer")?,
             })
         }
@@ -268,13 +327,28 @@ fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, Fi
         None => None,
         Some(s) => {
             let s: ContractShadow<'_> = object(s, "shadow")?;
-            Some(Shadow { reference: req(s.reference, "shadow.reference", "a string")? })
+            Some(Shadow {
+                reference: req(s.reference, "shadow.reference", "a string")?,
+            })
         }
     };
-    let observed_outcome: Option<String> = opt(raw.observed_outcome, "observedOutcome", "a string")?;
+    let observed_outcome: Option<String> =
+        opt(raw.observed_outcome, "observedOutcome", "a string")?;
     let outcome = map_observed(observed_outcome.clone(), outcome, patterns);
 
-    let r = Receipt { id, at, point, model, candidates, result, validation, fallback, outcome, shadow, observed_outcome };
+    let r = Receipt {
+        id,
+        at,
+        point,
+        model,
+        candidates,
+        result,
+        validation,
+        fallback,
+        outcome,
+        shadow,
+        observed_outcome,
+    };
     check_pick_offered(&r, "result.id")?;
     Ok(r)
 }
@@ -326,16 +400,22 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
     let Some(point) = keel_stage_to_point(&stage) else {
         return err(
             "stage",
-            format!("unknown value {stage:?} (expected intake, preStep, context, toolBoundary or completion)"),
+            format!(
+                "unknown value {stage:?} (expected intake, preStep, context, toolBoundary or completion)"
+            ),
         );
     };
     let model: Option<String> = opt(raw.backend, "backend", "a string")?;
     if let Some(b) = &model
         && !matches!(b.as_str(), "laya" | "jev" | "host")
     {
-        return err("backend", format!("unknown value {b:?} (expected laya, jev or host)"));
+        return err(
+            "backend",
+            format!("unknown value {b:?} (expected laya, jev or host)"),
+        );
     }
-    let candidates: Vec<KeelCandidate> = req(raw.candidates, "candidates", "a list of {id, summary}")?;
+    let candidates: Vec<KeelCandidate> =
+        req(raw.candidates, "candidates", "a list of {id, summary}")?;
     let candidates: Vec<String> = candidates
         .into_iter()
         .map(|c| match c {
@@ -346,7 +426,9 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
     let confidence = probability(raw.confidence, "confidence")?;
     let selected_probability = probability(raw.selected_probability, "selectedProbability")?;
 
-    let Some(result_raw) = present(raw.result) else { return err("result", "missing") };
+    let Some(result_raw) = present(raw.result) else {
+        return err("result", "missing");
+    };
     let res: KeelResult<'_> = object(result_raw, "result")?;
     let kind: String = req(res.kind, "result.kind", "a string")?;
     let result = match kind.as_str() {
@@ -356,30 +438,49 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
                 None => req(res.candidate_id_camel, "result.candidate_id", "a string")?,
             };
             let Some(confidence) = selected_probability.or(confidence) else {
-                return err("selectedProbability", "a selected result needs selectedProbability or confidence");
+                return err(
+                    "selectedProbability",
+                    "a selected result needs selectedProbability or confidence",
+                );
             };
             ReceiptResult::Pick { id, confidence }
         }
         "abstained" => ReceiptResult::Abstain,
-        other => return err("result.kind", format!("unknown value {other:?} (expected selected or abstained)")),
+        other => {
+            return err(
+                "result.kind",
+                format!("unknown value {other:?} (expected selected or abstained)"),
+            );
+        }
     };
 
     let v: String = req(raw.validation, "validation", "a string")?;
     let Some(validation) = keel_validation(&v) else {
         return err(
             "validation",
-            format!("unknown value {v:?} (expected accepted, rejected, stale, expired or unauthorized)"),
+            format!(
+                "unknown value {v:?} (expected accepted, rejected, stale, expired or unauthorized)"
+            ),
         );
     };
 
-    let fallback = opt::<String>(raw.fallback, "fallback", "a reason string")?
-        .map(|reason| Fallback { used: true, to: None, reason: Some(reason) });
+    let fallback =
+        opt::<String>(raw.fallback, "fallback", "a reason string")?.map(|reason| Fallback {
+            used: true,
+            to: None,
+            reason: Some(reason),
+        });
 
     let created: i64 = match present(raw.created_at) {
         None => return err("createdAt", "missing"),
         Some(r) => match serde_json::from_str::<i64>(r.get()) {
             Ok(v) => v,
-            Err(_) => return err("createdAt", format!("expected epoch milliseconds, found {}", preview(r.get()))),
+            Err(_) => {
+                return err(
+                    "createdAt",
+                    format!("expected epoch milliseconds, found {}", preview(r.get())),
+                );
+            }
         },
     };
     let Some(at) = DateTime::from_timestamp_millis(created) else {
@@ -387,7 +488,8 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
     };
     let at = at.to_rfc3339_opts(SecondsFormat::Millis, true);
 
-    let observed_outcome: Option<String> = opt(raw.observed_outcome, "observedOutcome", "a string")?;
+    let observed_outcome: Option<String> =
+        opt(raw.observed_outcome, "observedOutcome", "a string")?;
     let outcome = map_observed(observed_outcome.clone(), None, patterns);
 
     let r = Receipt {

@@ -26,7 +26,9 @@ use sha2::{Digest, Sha256};
 
 pub use line::{keel_stage_to_point, keel_validation};
 pub use outcome::OutcomePatterns;
-pub use parquet_io::{ReceiptParquetWriter, parquet_layout, receipt_schema, write_receipts_parquet};
+pub use parquet_io::{
+    ReceiptParquetWriter, parquet_layout, receipt_schema, write_receipts_parquet,
+};
 
 use crate::Receipt;
 use crate::atomic::AtomicFile;
@@ -107,22 +109,42 @@ pub fn for_each_receipt(
     mut f: impl FnMut(std::result::Result<&Receipt, &BadRow>) -> Result<()>,
 ) -> Result<ReadSummary> {
     let files = receipt_files(paths)?;
-    let total: u64 = files.iter().map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
-    let pb = if opts.progress { crate::progress::bar(Some(total), "bytes") } else { indicatif::ProgressBar::hidden() };
+    let total: u64 = files
+        .iter()
+        .map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let pb = if opts.progress {
+        crate::progress::bar(Some(total), "bytes")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let mut hash = Sha256::new();
-    let mut s = ReadSummary { files: files.clone(), ..ReadSummary::default() };
+    let mut s = ReadSummary {
+        files: files.clone(),
+        ..ReadSummary::default()
+    };
     for path in &files {
         let shared = Arc::new(path.clone());
         match Format::from_path(path)? {
             Format::Jsonl => {
-                let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-                let mut rd = BufReader::with_capacity(1 << 20, Hashing { inner: file, hash: &mut hash, read: 0 });
+                let file =
+                    File::open(path).with_context(|| format!("opening {}", path.display()))?;
+                let mut rd = BufReader::with_capacity(
+                    1 << 20,
+                    Hashing {
+                        inner: file,
+                        hash: &mut hash,
+                        read: 0,
+                    },
+                );
                 let mut buf = Vec::with_capacity(4096);
                 let mut row = 0u64;
                 let mut last_pos = 0u64;
                 loop {
                     buf.clear();
-                    let n = rd.read_until(b'\n', &mut buf).with_context(|| format!("reading {}", path.display()))?;
+                    let n = rd
+                        .read_until(b'\n', &mut buf)
+                        .with_context(|| format!("reading {}", path.display()))?;
                     if n == 0 {
                         break;
                     }
@@ -165,17 +187,20 @@ pub fn for_each_receipt(
                     pb.inc(size * done / nrows.max(1) - before);
                 };
                 let mut good = 0u64;
-                let (rows, bad) = parquet_io::read_parquet(path, None, &opts.outcome, &mut tick, &mut |item| {
-                    if item.is_ok() {
-                        good += 1;
-                    }
-                    f(item)
-                })?;
+                let (rows, bad) =
+                    parquet_io::read_parquet(path, None, &opts.outcome, &mut tick, &mut |item| {
+                        if item.is_ok() {
+                            good += 1;
+                        }
+                        f(item)
+                    })?;
                 s.records += rows;
                 s.bad += bad;
                 s.parquet += good;
-                let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-                std::io::copy(&mut file, &mut hash).with_context(|| format!("hashing {}", path.display()))?;
+                let mut file =
+                    File::open(path).with_context(|| format!("opening {}", path.display()))?;
+                std::io::copy(&mut file, &mut hash)
+                    .with_context(|| format!("hashing {}", path.display()))?;
             }
         }
     }
@@ -210,7 +235,10 @@ fn hex_lower(bytes: &[u8]) -> String {
 }
 
 /// Read everything into memory (tests and small files).
-pub fn read_receipts(paths: &[PathBuf], opts: &ReadOptions) -> Result<(Vec<Receipt>, Vec<BadRow>, ReadSummary)> {
+pub fn read_receipts(
+    paths: &[PathBuf],
+    opts: &ReadOptions,
+) -> Result<(Vec<Receipt>, Vec<BadRow>, ReadSummary)> {
     let (mut good, mut bad) = (Vec::new(), Vec::new());
     let summary = for_each_receipt(paths, opts, |item| {
         match item {
@@ -230,7 +258,10 @@ pub struct ReceiptJsonlWriter {
 
 impl ReceiptJsonlWriter {
     pub fn create(path: impl AsRef<Path>) -> Result<Self> {
-        Ok(Self { file: AtomicFile::create(path)?, rows: 0 })
+        Ok(Self {
+            file: AtomicFile::create(path)?,
+            rows: 0,
+        })
     }
 
     pub fn write(&mut self, r: &Receipt) -> Result<()> {
@@ -247,7 +278,10 @@ impl ReceiptJsonlWriter {
 }
 
 /// Write receipts as contract-shape JSON Lines atomically.
-pub fn write_receipts_jsonl<'a>(path: impl AsRef<Path>, receipts: impl IntoIterator<Item = &'a Receipt>) -> Result<u64> {
+pub fn write_receipts_jsonl<'a>(
+    path: impl AsRef<Path>,
+    receipts: impl IntoIterator<Item = &'a Receipt>,
+) -> Result<u64> {
     let mut w = ReceiptJsonlWriter::create(path)?;
     for r in receipts {
         w.write(r)?;
@@ -256,7 +290,10 @@ pub fn write_receipts_jsonl<'a>(path: impl AsRef<Path>, receipts: impl IntoItera
 }
 
 /// Write receipts by extension (`.parquet` or JSON Lines).
-pub fn write_receipts<'a>(path: impl AsRef<Path>, receipts: impl IntoIterator<Item = &'a Receipt>) -> Result<u64> {
+pub fn write_receipts<'a>(
+    path: impl AsRef<Path>,
+    receipts: impl IntoIterator<Item = &'a Receipt>,
+) -> Result<u64> {
     let path = path.as_ref();
     match Format::from_path(path)? {
         Format::Parquet => write_receipts_parquet(path, receipts),

@@ -25,7 +25,10 @@ impl Default for OutcomePatterns {
 impl OutcomePatterns {
     /// No patterns: every free-text outcome stays unknown.
     pub fn none() -> Self {
-        Self { success: RegexSet::empty(), failure: RegexSet::empty() }
+        Self {
+            success: RegexSet::empty(),
+            failure: RegexSet::empty(),
+        }
     }
 
     pub fn new<S: AsRef<str>>(success: &[S], failure: &[S]) -> Result<Self> {
@@ -37,7 +40,10 @@ impl OutcomePatterns {
             RegexSet::new(list.iter().map(|p| p.as_ref()))
                 .with_context(|| format!("outcome.{kind}: bad pattern list"))
         };
-        Ok(Self { success: compile("success", success)?, failure: compile("failure", failure)? })
+        Ok(Self {
+            success: compile("success", success)?,
+            failure: compile("failure", failure)?,
+        })
     }
 
     /// `Some(Success | Failure)` when a pattern recognises the text, `None` when none does.
@@ -58,14 +64,30 @@ mod tests {
 
     #[test]
     fn failure_wins_and_unmatched_is_unknown() {
-        let p = OutcomePatterns::new(&["^task completed", "^tests passed"], &["^task failed", "error"])
-            .unwrap();
-        assert_eq!(p.classify("task completed in 3 steps"), Some(OutcomeStatus::Success));
+        let p = OutcomePatterns::new(
+            &["^task completed", "^tests passed"],
+            &["^task failed", "error"],
+        )
+        .unwrap();
+        assert_eq!(
+            p.classify("task completed in 3 steps"),
+            Some(OutcomeStatus::Success)
+        );
         assert_eq!(p.classify("tests passed"), Some(OutcomeStatus::Success));
-        assert_eq!(p.classify("task failed: timeout"), Some(OutcomeStatus::Failure));
-        assert_eq!(p.classify("task completed with error"), Some(OutcomeStatus::Failure));
+        assert_eq!(
+            p.classify("task failed: timeout"),
+            Some(OutcomeStatus::Failure)
+        );
+        assert_eq!(
+            p.classify("task completed with error"),
+            Some(OutcomeStatus::Failure)
+        );
         assert_eq!(p.classify("user closed the window"), None);
-        assert_eq!(p.classify("Task completed"), None, "case-sensitive unless (?i)");
+        assert_eq!(
+            p.classify("Task completed"),
+            None,
+            "case-sensitive unless (?i)"
+        );
         assert_eq!(OutcomePatterns::none().classify("task completed"), None);
     }
 

@@ -15,26 +15,28 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder};
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
+};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Float32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType, TimestampMillisecondType,
-    TimestampNanosecondType, TimestampSecondType, UInt32Type, UInt64Type,
+    Float32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
+    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use chrono::{DateTime, SecondsFormat};
 use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde_json::{Map, Value, json};
 
 use super::OutcomePatterns;
 use super::line::{FieldError, check_pick_offered, valid_point};
-use crate::states_io::BadRow;
 use crate::atomic::AtomicFile;
+use crate::states_io::BadRow;
 use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
 
 const COLUMNS: [&str; 17] = [
@@ -56,7 +58,14 @@ const COLUMNS: [&str; 17] = [
     "shadow_reference",
     "observed_outcome",
 ];
-const REQUIRED: [&str; 6] = ["id", "at", "point", "candidates", "result_kind", "validation"];
+const REQUIRED: [&str; 6] = [
+    "id",
+    "at",
+    "point",
+    "candidates",
+    "result_kind",
+    "validation",
+];
 
 /// Rows per record batch and per row group when writing.
 const BATCH_ROWS: usize = 65_536;
@@ -70,7 +79,11 @@ pub fn receipt_schema() -> SchemaRef {
         s("at", false),
         s("point", false),
         s("model", true),
-        Field::new("candidates", DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))), false),
+        Field::new(
+            "candidates",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            false,
+        ),
         s("result_kind", false),
         s("result_id", true),
         Field::new("confidence", DataType::Float64, true),
@@ -155,14 +168,21 @@ impl Builders {
         self.validation.append_value(r.validation.as_str());
         let f = r.fallback.as_ref();
         self.fallback_used.append_option(f.map(|f| f.used));
-        self.fallback_to.append_option(f.and_then(|f| f.to.as_deref()));
-        self.fallback_reason.append_option(f.and_then(|f| f.reason.as_deref()));
+        self.fallback_to
+            .append_option(f.and_then(|f| f.to.as_deref()));
+        self.fallback_reason
+            .append_option(f.and_then(|f| f.reason.as_deref()));
         let o = r.outcome.as_ref();
-        self.outcome_status.append_option(o.map(|o| o.status.as_str()));
-        self.outcome_duration_ms.append_option(o.and_then(|o| o.duration_ms).map(|d| d as i64));
-        self.outcome_retries.append_option(o.and_then(|o| o.retries).map(i64::from));
-        self.shadow_reference.append_option(r.shadow.as_ref().map(|s| s.reference.as_str()));
-        self.observed_outcome.append_option(r.observed_outcome.as_deref());
+        self.outcome_status
+            .append_option(o.map(|o| o.status.as_str()));
+        self.outcome_duration_ms
+            .append_option(o.and_then(|o| o.duration_ms).map(|d| d as i64));
+        self.outcome_retries
+            .append_option(o.and_then(|o| o.retries).map(i64::from));
+        self.shadow_reference
+            .append_option(r.shadow.as_ref().map(|s| s.reference.as_str()));
+        self.observed_outcome
+            .append_option(r.observed_outcome.as_deref());
         self.rows += 1;
     }
 
@@ -210,7 +230,12 @@ impl ReceiptParquetWriter {
             .build();
         let file = AtomicFile::create(path)?;
         let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-        Ok(Self { writer, builders: Builders::new(), schema, rows: 0 })
+        Ok(Self {
+            writer,
+            builders: Builders::new(),
+            schema,
+            rows: 0,
+        })
     }
 
     pub fn write(&mut self, r: &Receipt) -> Result<()> {
@@ -236,7 +261,10 @@ impl ReceiptParquetWriter {
 }
 
 /// Write receipts to a Parquet file atomically.
-pub fn write_receipts_parquet<'a>(path: impl AsRef<Path>, receipts: impl IntoIterator<Item = &'a Receipt>) -> Result<u64> {
+pub fn write_receipts_parquet<'a>(
+    path: impl AsRef<Path>,
+    receipts: impl IntoIterator<Item = &'a Receipt>,
+) -> Result<u64> {
     let mut w = ReceiptParquetWriter::create(path)?;
     for r in receipts {
         w.write(r)?;
@@ -255,13 +283,18 @@ enum StrCol<'a> {
 
 impl<'a> StrCol<'a> {
     fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
-        let Some(a) = a else { return Ok(StrCol::Missing) };
+        let Some(a) = a else {
+            return Ok(StrCol::Missing);
+        };
         Ok(match a.data_type() {
             DataType::Utf8 => StrCol::Utf8(a.as_string::<i32>()),
             DataType::LargeUtf8 => StrCol::Large(a.as_string::<i64>()),
             DataType::Utf8View => StrCol::View(a.as_string_view()),
             DataType::Null => StrCol::Missing,
-            t => bail!("{}: column `{name}` has type {t}, expected a string column", file.display()),
+            t => bail!(
+                "{}: column `{name}` has type {t}, expected a string column",
+                file.display()
+            ),
         })
     }
 
@@ -284,7 +317,10 @@ enum AtCol<'a> {
 impl<'a> AtCol<'a> {
     fn new(a: Option<&'a ArrayRef>, file: &Path) -> Result<Self> {
         match a.map(|a| a.data_type()) {
-            Some(DataType::Timestamp(unit, _)) => Ok(AtCol::Ts { array: a.expect("checked"), unit: *unit }),
+            Some(DataType::Timestamp(unit, _)) => Ok(AtCol::Ts {
+                array: a.expect("checked"),
+                unit: *unit,
+            }),
             _ => Ok(AtCol::Str(StrCol::new(a, "at", file)?)),
         }
     }
@@ -333,12 +369,17 @@ enum F64Col<'a> {
 
 impl<'a> F64Col<'a> {
     fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
-        let Some(a) = a else { return Ok(F64Col::Missing) };
+        let Some(a) = a else {
+            return Ok(F64Col::Missing);
+        };
         Ok(match a.data_type() {
             DataType::Float64 => F64Col::F64(a.as_primitive::<Float64Type>()),
             DataType::Float32 => F64Col::F32(a.as_primitive::<Float32Type>()),
             DataType::Null => F64Col::Missing,
-            t => bail!("{}: column `{name}` has type {t}, expected a float column", file.display()),
+            t => bail!(
+                "{}: column `{name}` has type {t}, expected a float column",
+                file.display()
+            ),
         })
     }
 
@@ -361,14 +402,19 @@ enum IntCol<'a> {
 
 impl<'a> IntCol<'a> {
     fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
-        let Some(a) = a else { return Ok(IntCol::Missing) };
+        let Some(a) = a else {
+            return Ok(IntCol::Missing);
+        };
         Ok(match a.data_type() {
             DataType::Int64 => IntCol::I64(a.as_primitive::<Int64Type>()),
             DataType::Int32 => IntCol::I32(a.as_primitive::<Int32Type>()),
             DataType::UInt64 => IntCol::U64(a.as_primitive::<UInt64Type>()),
             DataType::UInt32 => IntCol::U32(a.as_primitive::<UInt32Type>()),
             DataType::Null => IntCol::Missing,
-            t => bail!("{}: column `{name}` has type {t}, expected an integer column", file.display()),
+            t => bail!(
+                "{}: column `{name}` has type {t}, expected an integer column",
+                file.display()
+            ),
         })
     }
 
@@ -390,11 +436,16 @@ enum BoolCol<'a> {
 
 impl<'a> BoolCol<'a> {
     fn new(a: Option<&'a ArrayRef>, name: &str, file: &Path) -> Result<Self> {
-        let Some(a) = a else { return Ok(BoolCol::Missing) };
+        let Some(a) = a else {
+            return Ok(BoolCol::Missing);
+        };
         Ok(match a.data_type() {
             DataType::Boolean => BoolCol::B(a.as_boolean()),
             DataType::Null => BoolCol::Missing,
-            t => bail!("{}: column `{name}` has type {t}, expected a boolean column", file.display()),
+            t => bail!(
+                "{}: column `{name}` has type {t}, expected a boolean column",
+                file.display()
+            ),
         })
     }
 
@@ -418,19 +469,34 @@ impl<'a> ListCol<'a> {
         let (offsets, values): (Vec<usize>, &ArrayRef) = match a.data_type() {
             DataType::List(_) => {
                 let l = a.as_list::<i32>();
-                (l.value_offsets().iter().map(|&o| o as usize).collect(), l.values())
+                (
+                    l.value_offsets().iter().map(|&o| o as usize).collect(),
+                    l.values(),
+                )
             }
             DataType::LargeList(_) => {
                 let l = a.as_list::<i64>();
-                (l.value_offsets().iter().map(|&o| o as usize).collect(), l.values())
+                (
+                    l.value_offsets().iter().map(|&o| o as usize).collect(),
+                    l.values(),
+                )
             }
-            t => bail!("{}: column `candidates` has type {t}, expected a list of strings", file.display()),
+            t => bail!(
+                "{}: column `candidates` has type {t}, expected a list of strings",
+                file.display()
+            ),
         };
-        Ok(Self { offsets, valid: a.as_ref(), values: StrCol::new(Some(values), "candidates", file)? })
+        Ok(Self {
+            offsets,
+            valid: a.as_ref(),
+            values: StrCol::new(Some(values), "candidates", file)?,
+        })
     }
 
     fn len(&self, i: usize) -> Option<usize> {
-        self.valid.is_valid(i).then(|| self.offsets[i + 1] - self.offsets[i])
+        self.valid
+            .is_valid(i)
+            .then(|| self.offsets[i + 1] - self.offsets[i])
     }
 
     fn item(&self, i: usize, k: usize) -> Option<&'a str> {
@@ -475,7 +541,11 @@ impl<'a> Cols<'a> {
             fallback_to: StrCol::new(c("fallback_to"), "fallback_to", file)?,
             fallback_reason: StrCol::new(c("fallback_reason"), "fallback_reason", file)?,
             outcome_status: StrCol::new(c("outcome_status"), "outcome_status", file)?,
-            outcome_duration_ms: IntCol::new(c("outcome_duration_ms"), "outcome_duration_ms", file)?,
+            outcome_duration_ms: IntCol::new(
+                c("outcome_duration_ms"),
+                "outcome_duration_ms",
+                file,
+            )?,
             outcome_retries: IntCol::new(c("outcome_retries"), "outcome_retries", file)?,
             shadow_reference: StrCol::new(c("shadow_reference"), "shadow_reference", file)?,
             observed_outcome: StrCol::new(c("observed_outcome"), "observed_outcome", file)?,
@@ -504,11 +574,15 @@ impl<'a> Cols<'a> {
             "confidence".into(),
             match self.confidence.get(i) {
                 None => Value::Null,
-                Some(c) => serde_json::Number::from_f64(c).map_or_else(|| json!(c.to_string()), Value::Number),
+                Some(c) => serde_json::Number::from_f64(c)
+                    .map_or_else(|| json!(c.to_string()), Value::Number),
             },
         );
         m.insert("validation".into(), s(self.validation.get(i)));
-        m.insert("fallback_used".into(), self.fallback_used.get(i).map_or(Value::Null, Value::Bool));
+        m.insert(
+            "fallback_used".into(),
+            self.fallback_used.get(i).map_or(Value::Null, Value::Bool),
+        );
         m.insert("fallback_to".into(), s(self.fallback_to.get(i)));
         m.insert("fallback_reason".into(), s(self.fallback_reason.get(i)));
         m.insert("outcome_status".into(), s(self.outcome_status.get(i)));
@@ -516,7 +590,10 @@ impl<'a> Cols<'a> {
             None => Value::Null,
             Some(v) => i64::try_from(v).map_or_else(|_| json!(v.to_string()), |v| json!(v)),
         };
-        m.insert("outcome_duration_ms".into(), int(self.outcome_duration_ms.get(i)));
+        m.insert(
+            "outcome_duration_ms".into(),
+            int(self.outcome_duration_ms.get(i)),
+        );
         m.insert("outcome_retries".into(), int(self.outcome_retries.get(i)));
         m.insert("shadow_reference".into(), s(self.shadow_reference.get(i)));
         m.insert("observed_outcome".into(), s(self.observed_outcome.get(i)));
@@ -546,27 +623,44 @@ fn req<'a>(col: &StrCol<'a>, i: usize, name: &str) -> Result<&'a str, FieldError
     col.get(i).ok_or_else(|| ferr(name, "missing"))
 }
 
-fn fill(cols: &Cols<'_>, i: usize, r: &mut Receipt, patterns: &OutcomePatterns) -> Result<(), FieldError> {
+fn fill(
+    cols: &Cols<'_>,
+    i: usize,
+    r: &mut Receipt,
+    patterns: &OutcomePatterns,
+) -> Result<(), FieldError> {
     let id = req(&cols.id, i, "id")?;
     if id.is_empty() {
         return Err(ferr("id", "empty"));
     }
     set(&mut r.id, id);
-    let from_ts = cols.at.get(i, &mut r.at).ok_or_else(|| ferr("at", "missing"))?;
+    let from_ts = cols
+        .at
+        .get(i, &mut r.at)
+        .ok_or_else(|| ferr("at", "missing"))?;
     if !from_ts && DateTime::parse_from_rfc3339(&r.at).is_err() {
         return Err(ferr("at", format!("{:?} is not an RFC 3339 time", r.at)));
     }
     let point = req(&cols.point, i, "point")?;
     if !valid_point(point) {
-        return Err(ferr("point", format!("{point:?} does not match [a-z][a-z0-9_]*")));
+        return Err(ferr(
+            "point",
+            format!("{point:?} does not match [a-z][a-z0-9_]*"),
+        ));
     }
     set(&mut r.point, point);
     set_opt(&mut r.model, cols.model.get(i));
 
-    let n = cols.candidates.len(i).ok_or_else(|| ferr("candidates", "missing"))?;
+    let n = cols
+        .candidates
+        .len(i)
+        .ok_or_else(|| ferr("candidates", "missing"))?;
     r.candidates.truncate(n);
     for k in 0..n {
-        let c = cols.candidates.item(i, k).ok_or_else(|| ferr("candidates", format!("item {} is null", k + 1)))?;
+        let c = cols
+            .candidates
+            .item(i, k)
+            .ok_or_else(|| ferr("candidates", format!("item {} is null", k + 1)))?;
         match r.candidates.get_mut(k) {
             Some(d) => set(d, c),
             None => r.candidates.push(c.to_string()),
@@ -576,8 +670,14 @@ fn fill(cols: &Cols<'_>, i: usize, r: &mut Receipt, patterns: &OutcomePatterns) 
     let kind = req(&cols.result_kind, i, "result_kind")?;
     match kind {
         "pick" => {
-            let pid = cols.result_id.get(i).ok_or_else(|| ferr("result_id", "missing"))?;
-            let c = cols.confidence.get(i).ok_or_else(|| ferr("confidence", "missing"))?;
+            let pid = cols
+                .result_id
+                .get(i)
+                .ok_or_else(|| ferr("result_id", "missing"))?;
+            let c = cols
+                .confidence
+                .get(i)
+                .ok_or_else(|| ferr("confidence", "missing"))?;
             if !(c.is_finite() && (0.0..=1.0).contains(&c)) {
                 return Err(ferr("confidence", format!("{c} is outside [0, 1]")));
             }
@@ -586,15 +686,26 @@ fn fill(cols: &Cols<'_>, i: usize, r: &mut Receipt, patterns: &OutcomePatterns) 
                     set(id, pid);
                     *confidence = c;
                 }
-                ReceiptResult::Abstain => r.result = ReceiptResult::Pick { id: pid.to_string(), confidence: c },
+                ReceiptResult::Abstain => {
+                    r.result = ReceiptResult::Pick {
+                        id: pid.to_string(),
+                        confidence: c,
+                    }
+                }
             }
         }
         "abstain" => r.result = ReceiptResult::Abstain,
-        other => return Err(ferr("result_kind", format!("unknown value {other:?} (expected pick or abstain)"))),
+        other => {
+            return Err(ferr(
+                "result_kind",
+                format!("unknown value {other:?} (expected pick or abstain)"),
+            ));
+        }
     }
 
     let v = req(&cols.validation, i, "validation")?;
-    r.validation = Validation::parse(v).ok_or_else(|| ferr("validation", format!("unknown value {v:?}")))?;
+    r.validation =
+        Validation::parse(v).ok_or_else(|| ferr("validation", format!("unknown value {v:?}")))?;
 
     r.fallback = match cols.fallback_used.get(i) {
         None => None,
@@ -609,27 +720,47 @@ fn fill(cols: &Cols<'_>, i: usize, r: &mut Receipt, patterns: &OutcomePatterns) 
     let retries = cols.outcome_retries.get(i);
     r.outcome = match cols.outcome_status.get(i) {
         None if duration.is_some() || retries.is_some() => {
-            return Err(ferr("outcome_status", "missing while outcome_duration_ms / outcome_retries are set"));
+            return Err(ferr(
+                "outcome_status",
+                "missing while outcome_duration_ms / outcome_retries are set",
+            ));
         }
         None => None,
         Some(s) => {
             let status = OutcomeStatus::parse(s).ok_or_else(|| {
-                ferr("outcome_status", format!("unknown value {s:?} (expected success, failure or abandoned)"))
+                ferr(
+                    "outcome_status",
+                    format!("unknown value {s:?} (expected success, failure or abandoned)"),
+                )
             })?;
             let duration_ms = match duration {
                 None => None,
-                Some(d) => Some(u64::try_from(d).map_err(|_| ferr("outcome_duration_ms", format!("{d} is negative")))?),
+                Some(d) => Some(
+                    u64::try_from(d)
+                        .map_err(|_| ferr("outcome_duration_ms", format!("{d} is negative")))?,
+                ),
             };
             let retries = match retries {
                 None => None,
-                Some(d) => Some(u32::try_from(d).map_err(|_| ferr("outcome_retries", format!("{d} is out of range")))?),
+                Some(d) => Some(
+                    u32::try_from(d)
+                        .map_err(|_| ferr("outcome_retries", format!("{d} is out of range")))?,
+                ),
             };
-            Some(Outcome { status, duration_ms, retries })
+            Some(Outcome {
+                status,
+                duration_ms,
+                retries,
+            })
         }
     };
     match (r.shadow.as_mut(), cols.shadow_reference.get(i)) {
         (Some(s), Some(v)) => set(&mut s.reference, v),
-        (None, Some(v)) => r.shadow = Some(Shadow { reference: v.to_string() }),
+        (None, Some(v)) => {
+            r.shadow = Some(Shadow {
+                reference: v.to_string(),
+            })
+        }
         (_, None) => r.shadow = None,
     }
     set_opt(&mut r.observed_outcome, cols.observed_outcome.get(i));
@@ -637,7 +768,11 @@ fn fill(cols: &Cols<'_>, i: usize, r: &mut Receipt, patterns: &OutcomePatterns) 
         && let Some(text) = &r.observed_outcome
         && let Some(status) = patterns.classify(text)
     {
-        r.outcome = Some(Outcome { status, duration_ms: None, retries: None });
+        r.outcome = Some(Outcome {
+            status,
+            duration_ms: None,
+            retries: None,
+        });
     }
     check_pick_offered(r, "result_id")
 }
@@ -661,9 +796,13 @@ pub(super) fn empty_receipt() -> Receipt {
 /// Number of row groups and rows of a receipts Parquet file.
 pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let b = ParquetRecordBatchReaderBuilder::try_new(f).with_context(|| format!("reading {} as Parquet", path.display()))?;
+    let b = ParquetRecordBatchReaderBuilder::try_new(f)
+        .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let md = b.metadata();
-    Ok((md.num_row_groups(), md.file_metadata().num_rows().max(0) as u64))
+    Ok((
+        md.num_row_groups(),
+        md.file_metadata().num_rows().max(0) as u64,
+    ))
 }
 
 /// Read the given row groups (all when `None`) of a Parquet receipts file, calling `f` for every
@@ -678,12 +817,16 @@ pub(super) fn read_parquet(
 ) -> Result<(u64, u64)> {
     let shared_path = Arc::new(path.to_path_buf());
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(file).with_context(|| format!("reading {} as Parquet", path.display()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let arrow_schema = builder.schema().clone();
     for name in REQUIRED {
         if arrow_schema.field_with_name(name).is_err() {
-            bail!("{}: column `{name}` is missing (a receipts file needs {})", path.display(), REQUIRED.join(", "));
+            bail!(
+                "{}: column `{name}` is missing (a receipts file needs {})",
+                path.display(),
+                REQUIRED.join(", ")
+            );
         }
     }
     let roots: Vec<usize> = arrow_schema
@@ -698,7 +841,11 @@ pub(super) fn read_parquet(
     let mut row: u64 = match &row_groups {
         Some(groups) => groups
             .first()
-            .map(|&g| (0..g).map(|k| md.row_group(k).num_rows().max(0) as u64).sum::<u64>())
+            .map(|&g| {
+                (0..g)
+                    .map(|k| md.row_group(k).num_rows().max(0) as u64)
+                    .sum::<u64>()
+            })
             .unwrap_or(0),
         None => 0,
     };
@@ -711,7 +858,9 @@ pub(super) fn read_parquet(
     if let Some(groups) = row_groups {
         builder = builder.with_row_groups(groups);
     }
-    let reader = builder.build().with_context(|| format!("reading {}", path.display()))?;
+    let reader = builder
+        .build()
+        .with_context(|| format!("reading {}", path.display()))?;
     let mut r = empty_receipt();
     let (mut rows, mut nbad) = (0u64, 0u64);
     for batch in reader {

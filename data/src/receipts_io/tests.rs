@@ -29,20 +29,29 @@ const MIXED: &str = r#"{"id":"c1","at":"2026-11-30T12:00:00Z","point":"tool","mo
 "#;
 
 fn patterns() -> OutcomePatterns {
-    OutcomePatterns::new(&["^task completed", "^tests passed"], &["^task failed", "error"]).unwrap()
+    OutcomePatterns::new(
+        &["^task completed", "^tests passed"],
+        &["^task failed", "error"],
+    )
+    .unwrap()
 }
 
 fn read_mixed() -> (Vec<Receipt>, Vec<BadRow>, ReadSummary, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mixed.jsonl");
     fs::write(&path, MIXED).unwrap();
-    let opts = ReadOptions { outcome: patterns(), progress: false };
+    let opts = ReadOptions {
+        outcome: patterns(),
+        progress: false,
+    };
     let (good, bad, summary) = read_receipts(&[path], &opts).unwrap();
     (good, bad, summary, dir)
 }
 
 fn by_id<'a>(good: &'a [Receipt], id: &str) -> &'a Receipt {
-    good.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("{id} not read"))
+    good.iter()
+        .find(|r| r.id == id)
+        .unwrap_or_else(|| panic!("{id} not read"))
 }
 
 #[test]
@@ -51,13 +60,30 @@ fn contract_lines_are_read_as_written() {
     let c1 = by_id(&good, "c1");
     assert_eq!(c1.point, "tool");
     assert_eq!(c1.model.as_deref(), Some("laya"));
-    assert_eq!(c1.result, ReceiptResult::Pick { id: "a".into(), confidence: 0.93 });
-    assert_eq!(c1.outcome, Some(Outcome { status: OutcomeStatus::Success, duration_ms: Some(1200), retries: Some(1) }));
+    assert_eq!(
+        c1.result,
+        ReceiptResult::Pick {
+            id: "a".into(),
+            confidence: 0.93
+        }
+    );
+    assert_eq!(
+        c1.outcome,
+        Some(Outcome {
+            status: OutcomeStatus::Success,
+            duration_ms: Some(1200),
+            retries: Some(1)
+        })
+    );
     assert_eq!(by_id(&good, "c2").result, ReceiptResult::Abstain);
     let c3 = by_id(&good, "c3");
     assert_eq!(
         c3.fallback,
-        Some(Fallback { used: true, to: Some("x".into()), reason: Some("auth failed".into()) })
+        Some(Fallback {
+            used: true,
+            to: Some("x".into()),
+            reason: Some("auth failed".into())
+        })
     );
     assert!(c3.fallback_used());
     let c4 = by_id(&good, "c4");
@@ -74,37 +100,72 @@ fn keel_events_are_mapped() {
     assert_eq!(k1.candidates, vec!["inspect", "verify"]);
     assert_eq!(
         k1.result,
-        ReceiptResult::Pick { id: "verify".into(), confidence: 0.81 },
+        ReceiptResult::Pick {
+            id: "verify".into(),
+            confidence: 0.81
+        },
         "selectedProbability wins over confidence"
     );
     assert_eq!(k1.validation, Validation::Accepted);
     assert_eq!(k1.at, "2025-11-30T12:00:00.123Z");
-    assert_eq!(k1.outcome.as_ref().map(|o| o.status), Some(OutcomeStatus::Success));
+    assert_eq!(
+        k1.outcome.as_ref().map(|o| o.status),
+        Some(OutcomeStatus::Success)
+    );
     assert_eq!(k1.observed_outcome.as_deref(), Some("tests passed"));
 
     let k2 = by_id(&good, "k2");
     assert_eq!(k2.point, "intake");
     assert_eq!(k2.result, ReceiptResult::Abstain);
-    assert_eq!(k2.fallback, Some(Fallback { used: true, to: None, reason: Some("selector abstained".into()) }));
+    assert_eq!(
+        k2.fallback,
+        Some(Fallback {
+            used: true,
+            to: None,
+            reason: Some("selector abstained".into())
+        })
+    );
 
     let k3 = by_id(&good, "k3");
     assert_eq!(k3.point, "tool_boundary");
     assert_eq!(k3.validation, Validation::RejectedStale);
-    assert_eq!(k3.result, ReceiptResult::Pick { id: "t1".into(), confidence: 0.99 });
+    assert_eq!(
+        k3.result,
+        ReceiptResult::Pick {
+            id: "t1".into(),
+            confidence: 0.99
+        }
+    );
     assert_eq!(k3.outcome, None);
 
     let k4 = by_id(&good, "k4");
     assert_eq!(k4.point, "completion");
     assert_eq!(k4.validation, Validation::RejectedUnauthorized);
     assert_eq!(k4.outcome, None, "text matching no pattern stays unknown");
-    assert_eq!(k4.observed_outcome.as_deref(), Some("user closed the window"));
+    assert_eq!(
+        k4.observed_outcome.as_deref(),
+        Some("user closed the window")
+    );
 
     let k5 = by_id(&good, "k5");
-    assert_eq!(k5.validation, Validation::RejectedOutOfSet, "an out-of-set pick the host rejected is consistent");
+    assert_eq!(
+        k5.validation,
+        Validation::RejectedOutOfSet,
+        "an out-of-set pick the host rejected is consistent"
+    );
     let k6 = by_id(&good, "k6");
     assert_eq!(k6.validation, Validation::RejectedExpired);
-    assert_eq!(k6.result, ReceiptResult::Pick { id: "t1".into(), confidence: 0.0 });
-    assert_eq!(k6.outcome.as_ref().map(|o| o.status), Some(OutcomeStatus::Failure));
+    assert_eq!(
+        k6.result,
+        ReceiptResult::Pick {
+            id: "t1".into(),
+            confidence: 0.0
+        }
+    );
+    assert_eq!(
+        k6.outcome.as_ref().map(|o| o.status),
+        Some(OutcomeStatus::Failure)
+    );
 }
 
 #[test]
@@ -117,7 +178,11 @@ fn bad_records_name_row_field_and_reason_and_keep_their_bytes() {
         (14, "result.id", "not offered"),
         (15, "candidates", "missing"),
         (16, "(line)", "unparsable JSON"),
-        (17, "selectedProbability", "needs selectedProbability or confidence"),
+        (
+            17,
+            "selectedProbability",
+            "needs selectedProbability or confidence",
+        ),
         (18, "stage", "unknown value \"postStep\""),
         (19, "selectedProbability", "outside [0, 1]"),
         (20, "at", "not an RFC 3339 time"),
@@ -130,14 +195,21 @@ fn bad_records_name_row_field_and_reason_and_keep_their_bytes() {
         assert_eq!(b.errors[0].field, *field, "{b}");
         assert!(b.errors[0].reason.contains(reason), "{b}");
         assert!(b.file.ends_with("mixed.jsonl"));
-        assert_eq!(&*b.raw(), lines[*row as usize - 1].as_bytes(), "bytes kept exactly");
+        assert_eq!(
+            &*b.raw(),
+            lines[*row as usize - 1].as_bytes(),
+            "bytes kept exactly"
+        );
     }
     assert_eq!(good.len(), 10);
     assert_eq!(summary.records, 20, "the blank line is not a record");
     assert_eq!(summary.bad, 10);
     assert_eq!(summary.contract, 4);
     assert_eq!(summary.keel, 6);
-    assert_eq!(summary.records, summary.bad + summary.contract + summary.keel);
+    assert_eq!(
+        summary.records,
+        summary.bad + summary.contract + summary.keel
+    );
     assert_eq!(summary.sha256, sha256_of_files(&summary.files).unwrap());
 
     // The quarantine holds the bad lines unchanged, in order.
@@ -147,7 +219,10 @@ fn bad_records_name_row_field_and_reason_and_keep_their_bytes() {
         w.add(b).unwrap();
     }
     assert_eq!(w.finish().unwrap(), 10);
-    let expected: String = expect.iter().map(|(row, _, _)| format!("{}\n", lines[*row as usize - 1])).collect();
+    let expected: String = expect
+        .iter()
+        .map(|(row, _, _)| format!("{}\n", lines[*row as usize - 1]))
+        .collect();
     assert_eq!(fs::read_to_string(&q).unwrap(), expected);
 }
 
@@ -160,11 +235,24 @@ fn sample() -> Vec<Receipt> {
         point: "args".into(),
         model: None,
         candidates: vec!["o1".into(), "o2".into(), "o3".into()],
-        result: ReceiptResult::Pick { id: "o2".into(), confidence: 0.3 },
+        result: ReceiptResult::Pick {
+            id: "o2".into(),
+            confidence: 0.3,
+        },
         validation: Validation::Accepted,
-        fallback: Some(Fallback { used: false, to: None, reason: None }),
-        outcome: Some(Outcome { status: OutcomeStatus::Abandoned, duration_ms: None, retries: Some(0) }),
-        shadow: Some(Shadow { reference: "o1".into() }),
+        fallback: Some(Fallback {
+            used: false,
+            to: None,
+            reason: None,
+        }),
+        outcome: Some(Outcome {
+            status: OutcomeStatus::Abandoned,
+            duration_ms: None,
+            retries: Some(0),
+        }),
+        shadow: Some(Shadow {
+            reference: "o1".into(),
+        }),
         observed_outcome: None,
     });
     all
@@ -174,7 +262,10 @@ fn sample() -> Vec<Receipt> {
 fn jsonl_and_parquet_round_trips_keep_every_field() {
     let dir = tempfile::tempdir().unwrap();
     let all = sample();
-    let opts = ReadOptions { outcome: patterns(), progress: false };
+    let opts = ReadOptions {
+        outcome: patterns(),
+        progress: false,
+    };
     for name in ["r.parquet", "r.jsonl"] {
         let p = dir.path().join(name);
         assert_eq!(write_receipts(&p, &all).unwrap(), all.len() as u64);
@@ -202,14 +293,23 @@ fn parquet_bad_rows_are_reported_and_kept_as_json() {
         *id = "not-offered".into();
     }
     all[2].validation = Validation::Accepted;
-    all[4].result = ReceiptResult::Pick { id: "inspect".into(), confidence: f64::NAN };
+    all[4].result = ReceiptResult::Pick {
+        id: "inspect".into(),
+        confidence: f64::NAN,
+    };
     let p = dir.path().join("bad.parquet");
     write_receipts(&p, &all).unwrap();
     let (good, bad, s) = read_receipts(&[p], &ReadOptions::default()).unwrap();
     assert_eq!(good.len(), all.len() - 2);
     assert_eq!(s.bad, 2);
-    assert_eq!((bad[0].row, bad[0].errors[0].field.as_str()), (3, "result_id"));
-    assert_eq!((bad[1].row, bad[1].errors[0].field.as_str()), (5, "confidence"));
+    assert_eq!(
+        (bad[0].row, bad[0].errors[0].field.as_str()),
+        (3, "result_id")
+    );
+    assert_eq!(
+        (bad[1].row, bad[1].errors[0].field.as_str()),
+        (5, "confidence")
+    );
     let row: serde_json::Value = serde_json::from_slice(&bad[0].raw()).unwrap();
     assert_eq!(row["id"], all[2].id.as_str());
     assert_eq!(row["result_id"], "not-offered");
