@@ -11,6 +11,9 @@
 //! safeguarded Newton iteration to full double precision. Both agree with scipy to well within
 //! 1e-9 (tests/fixtures/fit/bounds.json, from scripts/fit_reference.py).
 
+// The published coefficients are kept digit for digit, beyond what an f64 holds.
+#![allow(clippy::excessive_precision)]
+
 /// Two-sided Wilson score interval `(lower, upper)` for `s` successes in `n` trials at
 /// confidence `level` (e.g. 0.95). `None` when `n = 0`.
 pub fn wilson(s: u64, n: u64, level: f64) -> Option<(f64, f64)> {

@@ -381,9 +381,9 @@ pub fn html(t: &Thresholds, md: &str) -> Result<String> {
         if let Some(name) = current
             && let Some(p) = t.points.get(name)
         {
-            let _ = write!(
+            let _ = writeln!(
                 body,
-                "<div class=\"charts\">{}{}</div>\n",
+                "<div class=\"charts\">{}{}</div>",
                 reliability_svg(name, p)?,
                 risk_coverage_svg(name, p)?
             );

@@ -11,8 +11,8 @@
 //! outcomes), pending and abandoned outcomes, shadow-mode records judged against a reference,
 //! free-text outcomes, and, on request, a share of bad records (a confidence above 1, or a pick
 //! that was not offered yet accepted). About a third of the confidences are rounded to two
-//! decimals and a few lie exactly on a bucket edge (0.0, 0.3, 1.0, ...), as rounded model
-//! probabilities do.
+//! decimals, as rounded model probabilities are, so exact bucket edges (0.0, 0.3, 1.0, ...)
+//! occur.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,11 +64,7 @@ pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
     };
     let mut c: f64 = 1.0 - rng.random::<f64>().powf(1.0 / skew).min(1.0);
     c = c.clamp(0.0, 1.0);
-    let rounding: f64 = rng.random();
-    if rounding < 0.03 {
-        // exactly on a bucket edge, 0.0 and 1.0 included
-        c = f64::from(rng.random_range(0..=10u8)) / 10.0;
-    } else if rounding < 0.35 {
+    if rng.random::<f64>() < 0.35 {
         c = (c * 100.0).round() / 100.0;
     }
     // Probability that the pick is right, given its confidence.
