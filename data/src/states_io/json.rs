@@ -15,9 +15,14 @@ pub(super) fn parse_line(
     row: u64,
     line: Vec<u8>,
 ) -> Result<Row<State>, BadRow> {
-    let parsed = match serde_json::from_slice::<Value>(&line) {
-        Ok(v) => state_from_json(&v),
-        Err(e) => Err(vec![syntax_error(&line, &e)]),
+    // Fast path: straight into a State (same field rules as `state_from_json`); anything it
+    // refuses goes the slow way, which names every problem.
+    let parsed = match serde_json::from_slice::<State>(&line) {
+        Ok(state) => Ok(state),
+        Err(_) => match serde_json::from_slice::<Value>(&line) {
+            Ok(v) => state_from_json(&v),
+            Err(e) => Err(vec![syntax_error(&line, &e)]),
+        },
     };
     match parsed {
         Ok(state) => Ok(Row::from_line(file.clone(), row, line, state)),

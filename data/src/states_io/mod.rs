@@ -393,7 +393,8 @@ pub struct StateWriter {
 
 enum WriterInner {
     Jsonl(AtomicFile),
-    Parquet(parquet::ParquetStateWriter),
+    /// Boxed: the Arrow writer is large next to a file handle.
+    Parquet(Box<parquet::ParquetStateWriter>),
 }
 
 impl StateWriter {
@@ -407,9 +408,10 @@ impl StateWriter {
         let path = path.as_ref();
         let inner = match Format::from_path(path)? {
             Format::Jsonl => WriterInner::Jsonl(AtomicFile::create(path)?),
-            Format::Parquet => {
-                WriterInner::Parquet(parquet::ParquetStateWriter::create(path, rows.max(1))?)
-            }
+            Format::Parquet => WriterInner::Parquet(Box::new(parquet::ParquetStateWriter::create(
+                path,
+                rows.max(1),
+            )?)),
         };
         Ok(StateWriter { inner, rows: 0 })
     }
