@@ -22,5 +22,7 @@ pub use quarantine::Quarantine;
 pub use receipt::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
 pub use split::{Split, SplitRatios};
 pub use state::{Candidate, State};
-pub use states_io::{BadRow, FieldError, Format, ReadItem, Row, StateReader, StateWriter, read_states, write_states};
+pub use states_io::{
+    BadRow, FieldError, Format, ReadItem, Row, StateReader, StateWriter, read_states, write_states,
+};
 pub use validate::{ValidateOptions, Validator, check_state};
