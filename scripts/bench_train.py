@@ -10,8 +10,9 @@ Two workloads:
 * lora: LoRA r=8 on all seven projections (configs/tiny-lora-v2.toml's adapter settings) of a
   small Qwen3 base (hidden 256, 4 layers, 8 heads / 4 kv heads) made here with random weights.
 
-Token ids come from `decision score --emit-tokens` on the same states, so both sides train on
-identical sequences (original candidate order). Tokens/s counts real (unpadded) prompt tokens,
+Token ids: the Python side renders each state with the model's decision.json template and
+tokenizes it with its tokenizer.json, as `decision` does, so both sides train on the same
+sequences (Burn additionally shuffles candidate order, which does not change lengths). Tokens/s counts real (unpadded) prompt tokens,
 median over the steps after the first 3; peak memory is the process's max RSS. Writes
 OUT/bench-train.json and prints the table.
 Requirements: scripts/requirements-train.txt.
@@ -52,14 +53,8 @@ def torch_worker(args):
     import pyarrow.parquet as pq
 
     torch.manual_seed(0)
-    rows = [json.loads(l) for l in open(args.tokens)]
     table = pq.read_table(args.states).to_pylist() if args.states.endswith(".parquet") else [json.loads(l) for l in open(args.states)]
-    by_id = {s["id"]: s for s in table}
-    data = []
-    for r in rows:
-        s = by_id[r["id"]]
-        ids = [c["id"] for c in s["candidates"]]
-        data.append((r["input_ids"], r["option_token_ids"], ids.index(s["answer"])))
+    data = encode_states(pathlib.Path(args.model), table)
     config = AutoConfig.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if args.lora:
@@ -112,6 +107,26 @@ def torch_worker(args):
     json.dump({"tokens_per_s": statistics.median(tps[WARMUP:]), "threads": torch.get_num_threads()}, open(args.result, "w"))
 
 
+def encode_states(model_dir, states):
+    """Token ids of each state as `decision` renders them (decision.json's template, the
+    model's tokenizer.json), in the original candidate order: (input_ids, option ids, answer)."""
+    from tokenizers import Tokenizer
+    spec = json.load(open(model_dir / "decision.json"))
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    t = spec["template"]
+    out = []
+    for s in states:
+        opts = t["option_separator"].join(
+            t["option"].replace("{label}", spec["labels"][i]).replace("{text}", c["label"])
+            for i, c in enumerate(s["candidates"]))
+        text = t["text"].replace("{point}", s["point"]).replace("{context}", s["context"]).replace("{options}", opts)
+        ids = tok.encode(text).ids
+        k = len(s["candidates"])
+        answer = [c["id"] for c in s["candidates"]].index(s["answer"])
+        out.append((ids, spec["label_token_ids"][:k], answer))
+    return out
+
+
 def make_small_base(tiny_final, out):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -134,7 +149,6 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--torch-worker", action="store_true")
     ap.add_argument("--model")
-    ap.add_argument("--tokens")
     ap.add_argument("--lora", action="store_true")
     ap.add_argument("--result")
     args = ap.parse_args()
@@ -152,11 +166,8 @@ def main():
     # tiny, full
     _, rss = run_measured([args.decision, "train", "--config", "configs/tiny.toml", *common, "--out", str(out / "tiny-rust")])
     tiny_final = out / "tiny-rust" / "final"
-    subprocess.run([args.decision, "score", "--model", str(tiny_final), "--data", args.states,
-                    "--out", str(out / "tokens.jsonl"), "--emit-tokens"], check=True)
     results["tiny"] = {"burn_tokens_per_s": rust_tokens_per_s(out / "tiny-rust"), "burn_peak_rss_mib": rss}
-    _, rss = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(tiny_final), "--tokens",
-                           str(out / "tokens.jsonl"), "--states", args.states, "--steps", str(args.steps),
+    _, rss = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(tiny_final), "--states", args.states, "--steps", str(args.steps),
                            "--batch", str(args.batch), "--result", str(out / "tiny-torch.json")])
     t = json.load(open(out / "tiny-torch.json"))
     results["tiny"].update(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_threads=t["threads"])
@@ -166,7 +177,7 @@ def main():
                            "--set", f"model.source={out / 'small-base'}", "--out", str(out / "lora-rust")])
     results["lora"] = {"burn_tokens_per_s": rust_tokens_per_s(out / "lora-rust"), "burn_peak_rss_mib": rss}
     _, rss = run_measured([sys.executable, __file__, "--torch-worker", "--lora", "--model", str(out / "small-base"),
-                           "--tokens", str(out / "tokens.jsonl"), "--states", args.states, "--steps", str(args.steps),
+                           "--states", args.states, "--steps", str(args.steps),
                            "--batch", str(args.batch), "--result", str(out / "lora-torch.json")])
     t = json.load(open(out / "lora-torch.json"))
     results["lora"].update(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_threads=t["threads"])

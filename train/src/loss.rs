@@ -287,7 +287,12 @@ mod tests {
                 "tensor loss {got} vs torch {want}"
             );
             let grads = loss.backward();
-            let g = x.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
+            let g = x
+                .grad(&grads)
+                .unwrap()
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
             for (gi, wi) in g.iter().zip(floats(&case["grad"])) {
                 assert!(
                     (gi - wi).abs() < 1e-5 + 1e-5 * wi.abs(),

@@ -169,6 +169,39 @@ pub fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
     order
 }
 
+/// Examples per length bucket, in batches: a shuffled epoch is cut into pools of this many
+/// batches, each pool is sorted by length and cut into batches, and the batches of a pool are
+/// shuffled. Batches then hold prompts of similar length (little padding) while the order stays
+/// random and a pure function of (seed, epoch).
+pub const BUCKET_BATCHES: usize = 16;
+
+/// The epoch order with length bucketing (see [`BUCKET_BATCHES`]); `lengths[i]` is example
+/// `i`'s approximate prompt length.
+pub fn bucketed_order(seed: u64, epoch: u64, lengths: &[usize], batch: usize) -> Vec<usize> {
+    let order = epoch_order(seed, epoch, lengths.len());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(seed, 1 + epoch, 1));
+    let mut out = Vec::with_capacity(order.len());
+    for pool in order.chunks(batch.max(1) * BUCKET_BATCHES) {
+        let mut pool = pool.to_vec();
+        pool.sort_by_key(|&i| (lengths[i], i));
+        let mut batches: Vec<&[usize]> = pool.chunks(batch.max(1)).collect();
+        batches.shuffle(&mut rng);
+        for b in batches {
+            out.extend_from_slice(b);
+        }
+    }
+    out
+}
+
+/// A cheap stand-in for a state's prompt length: words of its context and candidate labels.
+pub fn approx_length(s: &State) -> usize {
+    s.context.split_whitespace().count()
+        + s.candidates
+            .iter()
+            .map(|c| 2 + c.label.split_whitespace().count())
+            .sum::<usize>()
+}
+
 /// The candidate order of example `index` in epoch `epoch` (identity when not shuffling).
 pub fn candidate_order(seed: u64, epoch: u64, index: usize, k: usize, shuffle: bool) -> Vec<usize> {
     let mut order: Vec<usize> = (0..k).collect();
@@ -373,6 +406,8 @@ pub fn total_steps(cfg: &RunConfig, n_train: usize) -> u64 {
 /// The training data stream: epoch orders and candidate orders from the seed.
 struct Stream<'a> {
     states: &'a [State],
+    lengths: Vec<usize>,
+    batch: usize,
     seed: u64,
     shuffle: bool,
     epoch: u64,
@@ -381,10 +416,20 @@ struct Stream<'a> {
 }
 
 impl<'a> Stream<'a> {
-    fn new(states: &'a [State], seed: u64, shuffle: bool, epoch: u64, position: usize) -> Self {
-        let order = epoch_order(seed, epoch, states.len());
+    fn new(
+        states: &'a [State],
+        batch: usize,
+        seed: u64,
+        shuffle: bool,
+        epoch: u64,
+        position: usize,
+    ) -> Self {
+        let lengths: Vec<usize> = states.iter().map(approx_length).collect();
+        let order = bucketed_order(seed, epoch, &lengths, batch);
         Self {
             states,
+            lengths,
+            batch,
             seed,
             shuffle,
             epoch,
@@ -397,7 +442,7 @@ impl<'a> Stream<'a> {
         if self.position >= self.order.len() {
             self.epoch += 1;
             self.position = 0;
-            self.order = epoch_order(self.seed, self.epoch, self.states.len());
+            self.order = bucketed_order(self.seed, self.epoch, &self.lengths, self.batch);
         }
         let i = self.order[self.position];
         self.position += 1;
@@ -575,6 +620,7 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
     let bar = progress_bar(opts.progress, total_steps, state.step);
     let mut stream = Stream::new(
         &train_states,
+        cfg.train.batch_size,
         cfg.train.seed,
         cfg.data.shuffle_options,
         state.epoch,
@@ -932,6 +978,29 @@ mod tests {
         let shuffled: Vec<Vec<usize>> =
             (0..20).map(|i| candidate_order(1, 0, i, 4, true)).collect();
         assert!(shuffled.iter().any(|o| o != &vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn bucketing_keeps_a_permutation_and_groups_lengths() {
+        let lengths: Vec<usize> = (0..200).map(|i| (i * 37) % 101).collect();
+        let o = bucketed_order(3, 0, &lengths, 8);
+        let mut sorted = o.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..200).collect::<Vec<_>>());
+        assert_eq!(o, bucketed_order(3, 0, &lengths, 8));
+        let spread = |order: &[usize]| -> usize {
+            order
+                .chunks(8)
+                .map(|b| {
+                    let l: Vec<usize> = b.iter().map(|&i| lengths[i]).collect();
+                    l.iter().max().unwrap() - l.iter().min().unwrap()
+                })
+                .sum()
+        };
+        assert!(
+            spread(&o) * 3 < spread(&epoch_order(3, 0, 200)),
+            "bucketing does not group lengths"
+        );
     }
 
     #[test]
