@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint
+.PHONY: all build demo test bench lint bench-fit
 
 all: test
 
@@ -20,16 +20,23 @@ demo: build
 	$(BIN) data validate $(OUT)/v2.parquet
 	$(BIN) data stats $(OUT)/v1.parquet
 	$(BIN) data stats $(OUT)/v2.parquet
+	$(BIN) gen-receipts --n 20000 --seed 7 --bad 0.001 --out $(OUT)/receipts.parquet
+	$(BIN) fit --receipts $(OUT)/receipts.parquet --config configs/fit.toml --out $(OUT)/thresholds.json --report $(OUT)/fit-report
 
 ## test: the whole workspace test suite (offline, CPU)
 test:
 	$(CARGO) test --workspace
 
 ## bench: speed figures, side by side with the reference implementations
-bench: build
-	@echo "bench: no component benchmark yet; each component adds its target here"
+bench: build bench-fit
 
 ## lint: formatting and clippy with warnings denied
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## bench-fit: `decision fit` vs the pandas/pyarrow reference on 10M receipts (needs
+## scripts/requirements-fit.txt in $(FIT_PYTHON)); data generated once into bench-out/
+FIT_PYTHON ?= $(shell test -x /work/refenv/bin/python && echo /work/refenv/bin/python || echo python3)
+bench-fit: build
+	BIN=$(BIN) PYTHON=$(FIT_PYTHON) scripts/bench_fit.sh

@@ -169,7 +169,7 @@ pub fn for_each_receipt(
                             f(Err(&line::bad(&shared, row, e, &buf)))?;
                         }
                     }
-                    if row % 4096 == 0 {
+                    if row.is_multiple_of(4096) {
                         let pos = rd.get_ref().read;
                         pb.inc(pos - last_pos);
                         last_pos = pos;

@@ -707,14 +707,11 @@ fn fill(
     r.validation =
         Validation::parse(v).ok_or_else(|| ferr("validation", format!("unknown value {v:?}")))?;
 
-    r.fallback = match cols.fallback_used.get(i) {
-        None => None,
-        Some(used) => Some(Fallback {
-            used,
-            to: cols.fallback_to.get(i).map(str::to_string),
-            reason: cols.fallback_reason.get(i).map(str::to_string),
-        }),
-    };
+    r.fallback = cols.fallback_used.get(i).map(|used| Fallback {
+        used,
+        to: cols.fallback_to.get(i).map(str::to_string),
+        reason: cols.fallback_reason.get(i).map(str::to_string),
+    });
 
     let duration = cols.outcome_duration_ms.get(i);
     let retries = cols.outcome_retries.get(i);
