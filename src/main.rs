@@ -30,6 +30,8 @@ enum Command {
     Fit(decision_fit::FitArgs),
     /// Generate synthetic receipts (demo, cross-check, benchmark)
     GenReceipts(decision_fit::GenReceiptsArgs),
+    /// Score states with a decision model: probabilities per candidate, pick, confidence
+    Score(decision_train::cli::ScoreArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Command::Data(cmd) => cmd.run(),
         Command::Fit(args) => decision_fit::run(args),
         Command::GenReceipts(args) => decision_fit::synth::run(args),
+        Command::Score(args) => decision_train::cli::run_score(args),
     };
     match result {
         Ok(code) => code,

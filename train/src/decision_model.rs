@@ -1,0 +1,191 @@
+//! [`DecisionModel`]: a Qwen3 checkpoint with its tokenizer and `decision.json`, ready to turn
+//! states into per-candidate probabilities. What `score`, `train`, `eval` and `export` load.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use burn::prelude::*;
+use burn::tensor::DType;
+use decision_data::State;
+use tokenizers::Tokenizer;
+
+use crate::backend::{self, Backend, Precision};
+use crate::config::Qwen3Config;
+use crate::hub::{self, HubEnv, ModelDir};
+use crate::model::Qwen3;
+use crate::prompt::{Encoded, Prompter};
+use crate::score::{self, Scores};
+use crate::spec::{self, DecisionSpec, PromptTemplate};
+use crate::weights::{self, HfTensor, SaveDtype};
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub backend: Backend,
+    pub precision: Precision,
+    /// Hub settings; `None` reads them from the environment.
+    pub hub: Option<HubEnv>,
+}
+
+/// A decision model: architecture, weights on a device, tokenizer, prompt and temperatures.
+pub struct DecisionModel {
+    pub config: Qwen3Config,
+    pub model: Qwen3,
+    /// `decision.json` as loaded (or the defaults), with `label_token_ids` filled in.
+    pub spec: DecisionSpec,
+    pub prompter: Prompter,
+    pub pad_id: u32,
+    pub device: Device,
+    /// What the model was loaded from, for messages and manifests.
+    pub origin: String,
+}
+
+/// The default `decision.json` for a tokenizer: Qwen's chat format (non-thinking) when the
+/// tokenizer has its markers, the plain template otherwise.
+pub fn default_spec(tokenizer: &Tokenizer) -> DecisionSpec {
+    let template = match crate::tokenizer::chat_markers(tokenizer) {
+        (true, think) => PromptTemplate::qwen_chat(think),
+        (false, _) => PromptTemplate::plain(),
+    };
+    DecisionSpec::defaults(template)
+}
+
+impl DecisionModel {
+    /// Load from a local folder or a Hub id (`owner/name[@revision]`).
+    pub fn load(src: &str, opts: &LoadOptions) -> Result<Self> {
+        let env = opts.hub.clone().unwrap_or_else(HubEnv::from_env);
+        let dir = hub::resolve(src, &env)?;
+        Self::load_dir(&dir, opts)
+    }
+
+    /// Load a resolved model folder.
+    pub fn load_dir(md: &ModelDir, opts: &LoadOptions) -> Result<Self> {
+        let dir = &md.dir;
+        let config = Qwen3Config::from_file(&dir.join("config.json"))?;
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.is_file() {
+            bail!(
+                "{}: no tokenizer.json (a decision model needs the Hugging Face tokenizer file)",
+                md.origin
+            );
+        }
+        let tokenizer = crate::tokenizer::load(&tok_path)?;
+        let spec_path = dir.join(spec::FILE);
+        let spec = if spec_path.is_file() {
+            Some(DecisionSpec::from_file(&spec_path)?)
+        } else {
+            None
+        };
+        let files = weights::weight_files(dir)?;
+        let device = backend::device(opts.backend)?;
+        let dtype = backend::check_precision(&device, opts.backend, opts.precision)?;
+        let model = weights::load_model(&config, &files, &md.origin, &device, dtype)?;
+        Self::from_parts(config, model, tokenizer, spec, &md.origin)
+    }
+
+    /// Assemble from parts (a model trained from scratch, a model built in a test).
+    /// `spec` `None` means the defaults for this tokenizer.
+    pub fn from_parts(
+        config: Qwen3Config,
+        model: Qwen3,
+        tokenizer: Tokenizer,
+        spec: Option<DecisionSpec>,
+        origin: &str,
+    ) -> Result<Self> {
+        let vocab = tokenizer.get_vocab_size(true);
+        if vocab > config.vocab_size {
+            bail!(
+                "{origin}: the tokenizer has {vocab} tokens but the model's vocab_size is {}",
+                config.vocab_size
+            );
+        }
+        let mut spec = spec.unwrap_or_else(|| default_spec(&tokenizer));
+        let prompter = Prompter::new(&spec, tokenizer, config.max_position_embeddings)
+            .with_context(|| format!("{origin}: decision prompt"))?;
+        spec.label_token_ids = prompter.label_token_ids.clone();
+        let pad_id = crate::tokenizer::pad_id(&prompter.tokenizer);
+        let device = model.device();
+        Ok(Self {
+            config,
+            model,
+            spec,
+            prompter,
+            pad_id,
+            device,
+            origin: origin.to_string(),
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.prompter.tokenizer
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.model.dtype()
+    }
+
+    /// Prompt token ids and option label ids of a state (truncated to `max_tokens` if needed).
+    pub fn encode(&self, state: &State) -> Result<Encoded> {
+        self.prompter.encode(state)
+    }
+
+    /// The temperature used for a decision point.
+    pub fn temperature(&self, point: &str) -> f64 {
+        self.spec.temperature_for(point)
+    }
+
+    /// Score states in batches of `batch_size`; results in input order.
+    pub fn score(&self, states: &[State], batch_size: usize) -> Result<Vec<Scores>> {
+        let encoded = states
+            .iter()
+            .map(|s| self.encode(s))
+            .collect::<Result<Vec<_>>>()?;
+        let points: Vec<&str> = states.iter().map(|s| s.point.as_str()).collect();
+        Ok(self.score_encoded(&encoded, &points, batch_size, &mut |_| {}))
+    }
+
+    /// Score encoded states; `progress` is told how many states each finished batch held.
+    pub fn score_encoded(
+        &self,
+        encoded: &[Encoded],
+        points: &[&str],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Vec<Scores> {
+        let batch_size = batch_size.max(1);
+        let mut out: Vec<Option<Scores>> = vec![None; encoded.len()];
+        let order = score::length_order(encoded);
+        for chunk in order.chunks(batch_size) {
+            let batch: Vec<&Encoded> = chunk.iter().map(|&i| &encoded[i]).collect();
+            let raw = score::label_logits(&self.model, &batch, self.pad_id);
+            for (&i, logits) in chunk.iter().zip(raw) {
+                out[i] = Some(score::scores_from_logits(
+                    &logits,
+                    self.temperature(points[i]),
+                ));
+            }
+            progress(chunk.len());
+        }
+        out.into_iter()
+            .map(|s| s.expect("every state scored"))
+            .collect()
+    }
+
+    /// Save in the Hugging Face layout plus `decision.json`: `config.json`, `model.safetensors`,
+    /// `tokenizer.json`, `decision.json`. Each file is written atomically.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        self.save_as(dir, SaveDtype::F32)
+    }
+
+    pub fn save_as(&self, dir: &Path, dtype: SaveDtype) -> Result<()> {
+        weights::save_model(&self.model, &self.config, dir, dtype)?;
+        crate::tokenizer::save(self.tokenizer(), &dir.join("tokenizer.json"))?;
+        decision_data::atomic::write_json_atomic(dir.join(spec::FILE), &self.spec)?;
+        Ok(())
+    }
+
+    /// The weights under their Hugging Face names, in checkpoint layout, one at a time.
+    pub fn hf_tensors(&self) -> impl Iterator<Item = HfTensor> + '_ {
+        weights::hf_tensors(&self.model)
+    }
+}

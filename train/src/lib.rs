@@ -1,0 +1,26 @@
+//! The decision model: Qwen3 in Burn 0.22 with Hugging Face weights and tokenizer, the decision
+//! prompt, option scoring (contracts section 2) and `decision score`.
+//!
+//! Entry point: [`DecisionModel::load`] (a folder or a Hub id), then [`DecisionModel::encode`] /
+//! [`DecisionModel::score`] / [`DecisionModel::save`] / [`DecisionModel::hf_tensors`].
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod decision_model;
+pub mod hub;
+pub mod lora;
+pub mod model;
+pub mod prompt;
+pub mod score;
+pub mod spec;
+pub mod tokenizer;
+pub mod weights;
+pub use backend::{Backend, Precision};
+pub use config::Qwen3Config;
+pub use decision_model::{DecisionModel, LoadOptions, default_spec};
+pub use model::{Batch, Qwen3};
+pub use prompt::{Encoded, Prompter};
+pub use score::Scores;
+pub use spec::{DecisionSpec, PromptTemplate};
+pub use weights::{HfTensor, SaveDtype};

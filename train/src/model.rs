@@ -1,0 +1,505 @@
+//! Qwen3 decoder in Burn, as Hugging Face `transformers` defines `Qwen3ForCausalLM`.
+//!
+//! Field names follow the Hugging Face parameter names (`model.layers.0.self_attn.q_proj.weight`,
+//! ...), so a module path is the checkpoint name. Every projection is a [`Proj`]: the one place a
+//! LoRA adapter hooks in.
+//!
+//! Batches are left-padded: the last position of every row is the answer slot. Position ids come
+//! from the attention mask, and a padded position never influences a real one, so a row's output
+//! does not depend on the rest of the batch.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::silu;
+use burn::tensor::module::{attention, embedding, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{DType, FloatDType};
+
+use crate::config::Qwen3Config;
+
+/// A linear projection `y = x·W (+ b)`, with `W` held as `[d_in, d_out]` (Burn's layout; the
+/// checkpoint's `[d_out, d_in]` is transposed on load and save).
+#[derive(Module, Debug)]
+pub struct Proj {
+    pub weight: Param<Tensor<2>>,
+    pub bias: Option<Param<Tensor<1>>>,
+    /// A LoRA adapter (trainer, `crate::lora`): adds `s·(x·A)·B` to the output.
+    pub lora: Option<crate::lora::LoraAdapter>,
+}
+
+impl Proj {
+    pub fn new(weight: Tensor<2>, bias: Option<Tensor<1>>) -> Self {
+        Self {
+            weight: Param::from_tensor(weight),
+            bias: bias.map(Param::from_tensor),
+            lora: None,
+        }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let y = linear(
+            x.clone(),
+            self.weight.val(),
+            self.bias.as_ref().map(|b| b.val()),
+        );
+        match &self.lora {
+            Some(adapter) => y + adapter.delta(x),
+            None => y,
+        }
+    }
+
+    /// `[d_in, d_out]`.
+    pub fn dims(&self) -> [usize; 2] {
+        self.weight.shape().dims()
+    }
+}
+
+/// Qwen3's RMSNorm over the last axis: `w · x / sqrt(mean(x²) + eps)`, computed in f32.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    pub weight: Param<Tensor<1>>,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor<1>, eps: f64) -> Self {
+        Self {
+            weight: Param::from_tensor(weight),
+            eps,
+        }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dtype = x.dtype();
+        let x32 = if dtype == DType::F32 {
+            x
+        } else {
+            x.cast(FloatDType::F32)
+        };
+        let rms = (x32.clone().square().mean_dim(D - 1) + self.eps).sqrt();
+        let normed = x32 / rms;
+        let normed = if dtype == DType::F32 {
+            normed
+        } else {
+            normed.cast(dtype)
+        };
+        normed * self.weight.val().unsqueeze()
+    }
+}
+
+/// Token embedding, `[vocab, hidden]` as in the checkpoint.
+#[derive(Module, Debug)]
+pub struct Embedding {
+    pub weight: Param<Tensor<2>>,
+}
+
+/// The output projection, `[vocab, hidden]` as in the checkpoint (absent when tied).
+#[derive(Module, Debug)]
+pub struct LmHead {
+    pub weight: Param<Tensor<2>>,
+}
+
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub q_proj: Proj,
+    pub k_proj: Proj,
+    pub v_proj: Proj,
+    pub o_proj: Proj,
+    pub q_norm: RmsNorm,
+    pub k_norm: RmsNorm,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Attention {
+    pub fn forward(&self, x: Tensor<3>, inputs: &LayerInputs) -> Tensor<3> {
+        let [b, s, _] = x.dims();
+        let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = self
+            .q_norm
+            .forward(self.q_proj.forward(x.clone()).reshape([b, s, h, d]));
+        let k = self
+            .k_norm
+            .forward(self.k_proj.forward(x.clone()).reshape([b, s, kvh, d]));
+        let v = self
+            .v_proj
+            .forward(x)
+            .reshape([b, s, kvh, d])
+            .swap_dims(1, 2);
+        let q = rope(q.swap_dims(1, 2), &inputs.cos, &inputs.sin);
+        let k = repeat_kv(rope(k.swap_dims(1, 2), &inputs.cos, &inputs.sin), h / kvh);
+        let v = repeat_kv(v, h / kvh);
+        let out = attention(
+            q,
+            k,
+            v,
+            Some(inputs.mask.clone()),
+            None,
+            AttentionModuleOptions {
+                scale: Some(1.0 / (d as f64).sqrt()),
+                softcap: None,
+                is_causal: false,
+            },
+        );
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, s, h * d]))
+    }
+}
+
+/// `x·cos + rotate_half(x)·sin` (Qwen's rotate-half convention, not interleaved pairs).
+fn rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    let d = x.dims()[3];
+    let x1 = x.clone().narrow(3, 0, d / 2);
+    let x2 = x.clone().narrow(3, d / 2, d / 2);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+/// `[b, kv_heads, s, d]` → `[b, kv_heads·groups, s, d]`, each kv head serving `groups` query heads.
+fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
+    if groups == 1 {
+        return x;
+    }
+    let [b, kvh, s, d] = x.dims();
+    x.reshape([b, kvh, 1, s, d])
+        .expand([b, kvh, groups, s, d])
+        .reshape([b, kvh * groups, s, d])
+}
+
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub gate_proj: Proj,
+    pub up_proj: Proj,
+    pub down_proj: Proj,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    pub input_layernorm: RmsNorm,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl DecoderLayer {
+    pub fn forward(&self, x: Tensor<3>, inputs: &LayerInputs) -> Tensor<3> {
+        let x = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), inputs);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Qwen3Model {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+}
+
+/// `Qwen3ForCausalLM`: the decoder and its LM head (`None` when tied to the embedding).
+#[derive(Module, Debug)]
+pub struct Qwen3 {
+    pub model: Qwen3Model,
+    pub lm_head: Option<LmHead>,
+    /// RoPE base, kept with the weights so the forward pass needs nothing else.
+    pub rope_theta: f64,
+}
+
+/// A left-padded batch of token ids on the host. Row `i` holds its tokens at the end; the
+/// positions before them are padding (`attention_mask` 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub input_ids: Vec<Vec<u32>>,
+    pub attention_mask: Vec<Vec<u8>>,
+}
+
+impl Batch {
+    /// Left-pad token sequences to the longest one with `pad_id`.
+    pub fn left_padded(rows: &[&[u32]], pad_id: u32) -> Self {
+        let seq = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mut input_ids = Vec::with_capacity(rows.len());
+        let mut attention_mask = Vec::with_capacity(rows.len());
+        for row in rows {
+            let pad = seq - row.len();
+            let mut ids = vec![pad_id; pad];
+            ids.extend_from_slice(row);
+            let mut mask = vec![0u8; pad];
+            mask.extend(std::iter::repeat_n(1u8, row.len()));
+            input_ids.push(ids);
+            attention_mask.push(mask);
+        }
+        Self {
+            input_ids,
+            attention_mask,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+
+    pub fn seq_len(&self) -> usize {
+        self.input_ids.first().map_or(0, Vec::len)
+    }
+
+    /// Position ids from the mask: a row's first real token is position 0, padding gets 0.
+    pub fn position_ids(&self) -> Vec<Vec<usize>> {
+        self.attention_mask
+            .iter()
+            .map(|mask| {
+                let mut next = 0usize;
+                mask.iter()
+                    .map(|&m| {
+                        if m != 0 {
+                            next += 1;
+                            next - 1
+                        } else {
+                            0
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// What every layer needs besides the hidden states: rotary tables and the attention mask.
+pub struct LayerInputs {
+    /// `[b, 1, s, head_dim]`
+    pub cos: Tensor<4>,
+    pub sin: Tensor<4>,
+    /// `[b, 1, s, s]`, true = masked out.
+    pub mask: Tensor<4, Bool>,
+}
+
+impl LayerInputs {
+    /// Causal attention restricted to real tokens. A padding query attends to itself only, so
+    /// no row of the softmax is empty on any backend.
+    pub fn new(
+        batch: &Batch,
+        head_dim: usize,
+        rope_theta: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
+        let (b, s) = (batch.len(), batch.seq_len());
+        let half = head_dim / 2;
+        // As transformers: inv_freq in f32, freqs = position · inv_freq in f32.
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| (1.0 / rope_theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+            .collect();
+        let positions = batch.position_ids();
+        let mut cos = Vec::with_capacity(b * s * head_dim);
+        let mut sin = Vec::with_capacity(b * s * head_dim);
+        for row in &positions {
+            for &p in row {
+                let freqs: Vec<f32> = inv_freq.iter().map(|f| p as f32 * f).collect();
+                for _ in 0..2 {
+                    cos.extend(freqs.iter().map(|f| f.cos()));
+                    sin.extend(freqs.iter().map(|f| f.sin()));
+                }
+            }
+        }
+        let mut mask = Vec::with_capacity(b * s * s);
+        for row in &batch.attention_mask {
+            for q in 0..s {
+                for (k, &real) in row.iter().enumerate() {
+                    let allowed = k <= q && (real != 0 || k == q);
+                    mask.push(!allowed);
+                }
+            }
+        }
+        let float = |v: Vec<f32>| {
+            let t = Tensor::<4>::from_data(
+                TensorData::new(v, [b, 1, s, head_dim]),
+                (device, DType::F32),
+            );
+            if dtype == DType::F32 {
+                t
+            } else {
+                t.cast(dtype)
+            }
+        };
+        Self {
+            cos: float(cos),
+            sin: float(sin),
+            mask: Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, s, s]), device),
+        }
+    }
+}
+
+impl Qwen3 {
+    pub fn device(&self) -> Device {
+        self.model.embed_tokens.weight.device()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.model.embed_tokens.weight.val().dtype()
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.model
+            .layers
+            .first()
+            .map_or(0, |l| l.self_attn.head_dim)
+    }
+
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
+    pub fn lm_head_weight(&self) -> Tensor<2> {
+        match &self.lm_head {
+            Some(head) => head.weight.val(),
+            None => self.model.embed_tokens.weight.val(),
+        }
+    }
+
+    fn ids_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
+        let (b, s) = (batch.len(), batch.seq_len());
+        let flat: Vec<i64> = batch
+            .input_ids
+            .iter()
+            .flatten()
+            .map(|&t| t as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(flat, [b, s]), device)
+    }
+
+    /// Hidden states of every position after the last decoder layer, before the final norm.
+    fn decode(&self, batch: &Batch) -> Tensor<3> {
+        let device = self.device();
+        let inputs = LayerInputs::new(
+            batch,
+            self.head_dim(),
+            self.rope_theta,
+            self.dtype(),
+            &device,
+        );
+        let mut x = embedding(
+            self.model.embed_tokens.weight.val(),
+            Self::ids_tensor(batch, &device),
+        );
+        for layer in &self.model.layers {
+            x = layer.forward(x, &inputs);
+        }
+        x
+    }
+
+    /// Final-norm hidden states at every position: `[b, s, hidden]`.
+    pub fn hidden_states(&self, batch: &Batch) -> Tensor<3> {
+        self.model.norm.forward(self.decode(batch))
+    }
+
+    /// Final-norm hidden state at the last position (the answer slot): `[b, hidden]`.
+    pub fn last_hidden(&self, batch: &Batch) -> Tensor<2> {
+        let x = self.decode(batch);
+        let [b, s, h] = x.dims();
+        self.model
+            .norm
+            .forward(x.narrow(1, s - 1, 1).reshape([b, h]))
+    }
+
+    /// Logits of the given tokens only: `hidden [b, hidden]` × rows `token_ids` of the LM head →
+    /// `[b, token_ids.len()]`. The full vocabulary is never multiplied.
+    pub fn token_logits(&self, hidden: Tensor<2>, token_ids: &[u32]) -> Tensor<2> {
+        let device = hidden.device();
+        let idx: Vec<i64> = token_ids.iter().map(|&t| t as i64).collect();
+        let n = idx.len();
+        let rows = self.lm_head_weight().select(
+            0,
+            Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &device),
+        );
+        hidden.matmul(rows.transpose())
+    }
+
+    /// Full-vocabulary logits of the given hidden states (`[b, s, hidden]` → `[b, s, vocab]`).
+    pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
+        hidden.matmul(self.lm_head_weight().transpose().unsqueeze())
+    }
+
+    /// Last-position logits of `token_ids` for every row: what scoring and training use.
+    pub fn answer_logits(&self, batch: &Batch, token_ids: &[u32]) -> Tensor<2> {
+        self.token_logits(self.last_hidden(batch), token_ids)
+    }
+}
+
+/// Build a model with given weights drawn from `init` (used for `init = "random"` runs and tests).
+/// Weights follow transformers' `_init_weights`: normal(0, `std`) for matrices, ones for norms.
+pub fn init_random(config: &Qwen3Config, std: f64, device: &Device) -> Qwen3 {
+    use burn::tensor::Distribution;
+    let normal =
+        |dims: [usize; 2]| Tensor::<2>::random(dims, Distribution::Normal(0.0, std), device);
+    let ones = |n: usize| Tensor::<1>::ones([n], device);
+    let proj = |d_in: usize, d_out: usize, bias: bool| {
+        Proj::new(
+            normal([d_in, d_out]),
+            bias.then(|| Tensor::<1>::zeros([d_out], device)),
+        )
+    };
+    let (h, d) = (config.hidden_size, config.head_dim);
+    let q = config.num_attention_heads * d;
+    let kv = config.num_key_value_heads * d;
+    let eps = config.rms_norm_eps;
+    let layers = (0..config.num_hidden_layers)
+        .map(|_| DecoderLayer {
+            input_layernorm: RmsNorm::new(ones(h), eps),
+            self_attn: Attention {
+                q_proj: proj(h, q, config.attention_bias),
+                k_proj: proj(h, kv, config.attention_bias),
+                v_proj: proj(h, kv, config.attention_bias),
+                o_proj: proj(q, h, config.attention_bias),
+                q_norm: RmsNorm::new(ones(d), eps),
+                k_norm: RmsNorm::new(ones(d), eps),
+                num_heads: config.num_attention_heads,
+                num_kv_heads: config.num_key_value_heads,
+                head_dim: d,
+            },
+            post_attention_layernorm: RmsNorm::new(ones(h), eps),
+            mlp: Mlp {
+                gate_proj: proj(h, config.intermediate_size, false),
+                up_proj: proj(h, config.intermediate_size, false),
+                down_proj: proj(config.intermediate_size, h, false),
+            },
+        })
+        .collect();
+    Qwen3 {
+        model: Qwen3Model {
+            embed_tokens: Embedding {
+                weight: Param::from_tensor(normal([config.vocab_size, h])),
+            },
+            layers,
+            norm: RmsNorm::new(ones(h), eps),
+        },
+        lm_head: (!config.tie_word_embeddings).then(|| LmHead {
+            weight: Param::from_tensor(normal([config.vocab_size, h])),
+        }),
+        rope_theta: config.rope_theta,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_ids_follow_the_mask() {
+        let a: &[u32] = &[5, 6, 7];
+        let b: &[u32] = &[9];
+        let batch = Batch::left_padded(&[a, b], 0);
+        assert_eq!(batch.input_ids, vec![vec![5, 6, 7], vec![0, 0, 9]]);
+        assert_eq!(batch.attention_mask, vec![vec![1, 1, 1], vec![0, 0, 1]]);
+        assert_eq!(batch.position_ids(), vec![vec![0, 1, 2], vec![0, 0, 0]]);
+    }
+}

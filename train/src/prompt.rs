@@ -1,0 +1,423 @@
+//! Rendering a state as the decision prompt and encoding it, with truncation from the oldest
+//! context when the prompt is too long. The options and the answer slot are never cut.
+
+use anyhow::{Result, bail};
+use decision_data::State;
+use tokenizers::Tokenizer;
+
+use crate::spec::{DecisionSpec, PromptTemplate};
+
+#[derive(Debug, Clone, PartialEq)]
+enum Piece {
+    Text(String),
+    Point,
+    Context,
+    Options,
+}
+
+/// A parsed [`PromptTemplate`].
+#[derive(Debug, Clone)]
+pub struct Template {
+    pieces: Vec<Piece>,
+    option: Vec<OptPiece>,
+    separator: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum OptPiece {
+    Text(String),
+    Label,
+    Body,
+}
+
+#[derive(Debug)]
+enum Lex {
+    Lit(String),
+    Hole(String),
+}
+
+/// Split a template into literal text and `{name}` holes; `{{` and `}}` are literal braces.
+fn lex(text: &str) -> Result<Vec<Lex>> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    let mut lit = String::new();
+    while let Some(i) = rest.find(['{', '}']) {
+        lit.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("{{") || tail.starts_with("}}") {
+            lit.push_str(&tail[..1]);
+            rest = &tail[2..];
+            continue;
+        }
+        if tail.starts_with('}') {
+            bail!("template {text:?}: unmatched `}}` (write `}}}}` for a literal brace)");
+        }
+        let Some(end) = tail.find('}') else {
+            bail!("template {text:?}: unclosed `{{` (write `{{{{` for a literal brace)");
+        };
+        if !lit.is_empty() {
+            out.push(Lex::Lit(std::mem::take(&mut lit)));
+        }
+        out.push(Lex::Hole(tail[1..end].to_string()));
+        rest = &tail[end + 1..];
+    }
+    lit.push_str(rest);
+    if !lit.is_empty() {
+        out.push(Lex::Lit(lit));
+    }
+    Ok(out)
+}
+
+impl Template {
+    pub fn parse(t: &PromptTemplate) -> Result<Self> {
+        let mut pieces = Vec::new();
+        for l in lex(&t.text)? {
+            pieces.push(match l {
+                Lex::Lit(s) => Piece::Text(s),
+                Lex::Hole(name) => match name.as_str() {
+                    "point" => Piece::Point,
+                    "context" => Piece::Context,
+                    "options" => Piece::Options,
+                    other => bail!(
+                        "prompt template: unknown placeholder {{{other}}} (use {{point}}, {{context}}, {{options}})"
+                    ),
+                },
+            });
+        }
+        let count = |p: &Piece| pieces.iter().filter(|x| *x == p).count();
+        if count(&Piece::Context) != 1 || count(&Piece::Options) != 1 {
+            bail!("prompt template: {{context}} and {{options}} must each appear exactly once");
+        }
+        let ctx = pieces.iter().position(|p| *p == Piece::Context);
+        let opt = pieces.iter().position(|p| *p == Piece::Options);
+        if ctx > opt {
+            bail!("prompt template: {{context}} must come before {{options}}");
+        }
+        let mut option = Vec::new();
+        for l in lex(&t.option)? {
+            option.push(match l {
+                Lex::Lit(s) => OptPiece::Text(s),
+                Lex::Hole(name) => match name.as_str() {
+                    "label" => OptPiece::Label,
+                    "text" => OptPiece::Body,
+                    other => bail!(
+                        "option template: unknown placeholder {{{other}}} (use {{label}} and {{text}})"
+                    ),
+                },
+            });
+        }
+        if !option.contains(&OptPiece::Label) || !option.contains(&OptPiece::Body) {
+            bail!("option template must contain {{label}} and {{text}}");
+        }
+        Ok(Self {
+            pieces,
+            option,
+            separator: t.option_separator.clone(),
+        })
+    }
+
+    /// The template's fixed words (for building a vocabulary).
+    pub fn literal_text(&self) -> String {
+        let mut s = String::new();
+        for p in &self.pieces {
+            if let Piece::Text(t) = p {
+                s.push_str(t);
+                s.push(' ');
+            }
+        }
+        for p in &self.option {
+            if let OptPiece::Text(t) = p {
+                s.push_str(t);
+                s.push(' ');
+            }
+        }
+        s
+    }
+
+    /// Render with `context`; returns the prompt and the byte range the context occupies.
+    fn render(
+        &self,
+        state: &State,
+        context: &str,
+        labels: &[String],
+    ) -> (String, std::ops::Range<usize>) {
+        let mut out = String::new();
+        let mut span = 0..0;
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Point => out.push_str(&state.point),
+                Piece::Context => {
+                    let start = out.len();
+                    out.push_str(context);
+                    span = start..out.len();
+                }
+                Piece::Options => {
+                    for (i, c) in state.candidates.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(&self.separator);
+                        }
+                        for op in &self.option {
+                            match op {
+                                OptPiece::Text(t) => out.push_str(t),
+                                OptPiece::Label => out.push_str(&labels[i]),
+                                OptPiece::Body => out.push_str(&c.label),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (out, span)
+    }
+}
+
+/// A state ready for the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    pub input_ids: Vec<u32>,
+    /// Label token of each candidate, in candidate order.
+    pub option_token_ids: Vec<u32>,
+    /// True when the oldest part of the context was cut to fit `max_tokens`.
+    pub truncated: bool,
+    /// Bytes of context dropped from the front.
+    pub dropped_context_bytes: usize,
+}
+
+/// Everything needed to encode states: the parsed template, the tokenizer, label ids, bounds.
+#[derive(Clone)]
+pub struct Prompter {
+    pub template: Template,
+    pub tokenizer: Tokenizer,
+    pub labels: Vec<String>,
+    pub label_token_ids: Vec<u32>,
+    pub max_options: usize,
+    pub max_tokens: usize,
+}
+
+impl Prompter {
+    /// Check the spec against the tokenizer: every label of the first `max_options` is one token;
+    /// when the spec lists label ids they must be the tokenizer's.
+    pub fn new(spec: &DecisionSpec, tokenizer: Tokenizer, max_positions: usize) -> Result<Self> {
+        spec.validate()?;
+        let template = Template::parse(&spec.template)?;
+        let ids = crate::tokenizer::label_token_ids(&tokenizer, &spec.labels, spec.max_options)?;
+        if !spec.label_token_ids.is_empty() && spec.label_token_ids != ids {
+            bail!(
+                "decision.json lists label token ids {:?} but this tokenizer encodes the labels as {:?}: \
+                 the tokenizer is not the one the model was trained with",
+                spec.label_token_ids,
+                ids
+            );
+        }
+        Ok(Self {
+            template,
+            tokenizer,
+            labels: spec.labels.clone(),
+            label_token_ids: ids,
+            max_options: spec.max_options,
+            max_tokens: spec.max_tokens.min(max_positions),
+        })
+    }
+
+    fn tokenize(&self, text: &str) -> Result<tokenizers::Encoding> {
+        self.tokenizer
+            .encode(text, true)
+            .map_err(|e| anyhow::anyhow!("tokenizing prompt: {e}"))
+    }
+
+    /// Render and encode a state. Too long → the context loses its oldest tokens until the
+    /// prompt fits; a prompt that does not fit even with no context is an error.
+    pub fn encode(&self, state: &State) -> Result<Encoded> {
+        let k = state.candidates.len();
+        if k < 2 {
+            bail!(
+                "state {:?}: {k} candidates; a decision needs at least 2",
+                state.id
+            );
+        }
+        if k > self.max_options {
+            bail!(
+                "state {:?}: {k} candidates but the model labels at most max_options = {}",
+                state.id,
+                self.max_options
+            );
+        }
+        let option_token_ids = self.label_token_ids[..k].to_vec();
+        let mut cut = 0usize;
+        for _ in 0..64 {
+            let context = &state.context[cut..];
+            let (text, span) = self.template.render(state, context, &self.labels);
+            let enc = self.tokenize(&text)?;
+            let n = enc.get_ids().len();
+            if n <= self.max_tokens {
+                return Ok(Encoded {
+                    input_ids: enc.get_ids().to_vec(),
+                    option_token_ids,
+                    truncated: cut > 0,
+                    dropped_context_bytes: cut,
+                });
+            }
+            if context.is_empty() {
+                bail!(
+                    "state {:?}: the prompt without any context is {n} tokens, over max_tokens = {}; \
+                     the options and the answer slot are never cut",
+                    state.id,
+                    self.max_tokens
+                );
+            }
+            let excess = n - self.max_tokens;
+            // Context tokens in order of their start offset; drop `excess` of them from the front.
+            let starts: Vec<usize> = enc
+                .get_offsets()
+                .iter()
+                .zip(enc.get_ids())
+                .filter(|((s, e), _)| *s >= span.start && *e <= span.end && e > s)
+                .map(|((s, _), _)| *s - span.start)
+                .collect();
+            // Too few context tokens to drop: drop all of it (the next round decides).
+            let next = starts.get(excess).copied().unwrap_or(context.len());
+            let mut new_cut = cut + next.max(1);
+            while new_cut < state.context.len() && !state.context.is_char_boundary(new_cut) {
+                new_cut += 1;
+            }
+            cut = new_cut.min(state.context.len());
+        }
+        bail!(
+            "state {:?}: could not truncate the prompt to max_tokens = {}",
+            state.id,
+            self.max_tokens
+        )
+    }
+
+    /// The prompt text of a state, untruncated (for inspection and tests).
+    pub fn render(&self, state: &State) -> String {
+        self.template.render(state, &state.context, &self.labels).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{DecisionSpec, PromptTemplate, default_labels};
+    use crate::tokenizer::{WordLevelOptions, build_word_level};
+    use decision_data::Candidate;
+
+    fn state(context: &str, options: &[&str]) -> State {
+        State {
+            id: "s1".into(),
+            task_id: "t1".into(),
+            point: "tool".into(),
+            context: context.into(),
+            candidates: options
+                .iter()
+                .enumerate()
+                .map(|(i, l)| Candidate {
+                    id: format!("c{i}"),
+                    label: l.to_string(),
+                })
+                .collect(),
+            answer: None,
+            teacher: None,
+            after_error: false,
+            rules: None,
+            split: None,
+        }
+    }
+
+    fn prompter(max_tokens: usize) -> Prompter {
+        let mut spec = DecisionSpec::defaults(PromptTemplate::plain());
+        spec.max_tokens = max_tokens;
+        spec.max_options = 4;
+        let labels = default_labels();
+        let mut req: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let words = Template::parse(&spec.template).unwrap().literal_text();
+        req.push(&words);
+        let corpus = ["tool w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 lookup_order cancel_order"];
+        let tok = build_word_level(corpus, &req, &WordLevelOptions::default()).unwrap();
+        Prompter::new(&spec, tok, 4096).unwrap()
+    }
+
+    #[test]
+    fn renders_options_with_labels_and_ends_at_answer_slot() {
+        let p = prompter(512);
+        let s = state("w1 w2", &["lookup_order", "cancel_order"]);
+        assert_eq!(
+            p.render(&s),
+            "Decision: tool\nContext:\nw1 w2\nOptions:\nA. lookup_order\nB. cancel_order\nAnswer:\n"
+        );
+        let e = p.encode(&s).unwrap();
+        assert!(!e.truncated);
+        let tok = &p.tokenizer;
+        assert_eq!(
+            e.option_token_ids,
+            vec![tok.token_to_id("A").unwrap(), tok.token_to_id("B").unwrap()]
+        );
+        assert_eq!(*e.input_ids.last().unwrap(), tok.token_to_id(":").unwrap());
+    }
+
+    #[test]
+    fn truncation_cuts_oldest_context_only() {
+        let s = state(
+            "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9",
+            &["lookup_order", "cancel_order"],
+        );
+        let full = prompter(512).encode(&s).unwrap();
+        let n = full.input_ids.len();
+        // Allow 3 context tokens fewer than needed: the three oldest words go.
+        let p = prompter(n - 3);
+        let e = p.encode(&s).unwrap();
+        assert!(e.truncated);
+        assert_eq!(e.input_ids.len(), n - 3);
+        let kept = p.tokenizer.decode(&e.input_ids, false).unwrap();
+        assert!(kept.contains("w3 w4") && !kept.contains("w2"), "{kept}");
+        assert!(
+            kept.ends_with("A . lookup_order B . cancel_order Answer :"),
+            "{kept}"
+        );
+        // The whole context can go; the options never.
+        let ctx_tokens = 10;
+        let e = prompter(n - ctx_tokens).encode(&s).unwrap();
+        assert!(e.truncated);
+        assert_eq!(e.dropped_context_bytes, s.context.len());
+        let err = prompter(n - ctx_tokens - 1)
+            .encode(&s)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("never cut") && err.contains("\"s1\""), "{err}");
+    }
+
+    #[test]
+    fn too_many_options_and_bad_templates_are_refused() {
+        let p = prompter(512);
+        let s = state("w1", &["a", "b", "c", "d", "e"]);
+        let e = p.encode(&s).unwrap_err().to_string();
+        assert!(e.contains("max_options = 4"), "{e}");
+        for (text, want) in [
+            ("{context} {point}", "exactly once"),
+            ("{options} {context}", "before"),
+            ("{context} {options} {answer}", "unknown placeholder"),
+            ("{context {options}", "unknown placeholder"),
+            ("{context} {options} }", "unmatched"),
+        ] {
+            let t = PromptTemplate {
+                text: text.into(),
+                ..PromptTemplate::plain()
+            };
+            let e = Template::parse(&t).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let t = PromptTemplate {
+            text: "{{x}} {context} {options}".into(),
+            ..PromptTemplate::plain()
+        };
+        let parsed = Template::parse(&t).unwrap();
+        let s = state("c", &["a", "b"]);
+        assert!(
+            parsed
+                .render(&s, "c", &default_labels())
+                .0
+                .starts_with("{x} c A. a")
+        );
+    }
+}

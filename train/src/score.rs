@@ -1,0 +1,107 @@
+//! Option scoring: left-padded batches, the label-token logits at the answer slot, divided by
+//! the state's temperature, softmax over the state's own candidates.
+
+use burn::tensor::DType;
+
+use crate::model::{Batch, Qwen3};
+use crate::prompt::Encoded;
+
+/// One state's result. `probs` and `logits` are aligned with the state's candidates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scores {
+    pub probs: Vec<f64>,
+    /// Label logits divided by the temperature.
+    pub logits: Vec<f64>,
+    pub pick_index: usize,
+    pub confidence: f64,
+    pub temperature: f64,
+}
+
+/// Softmax of `logits / t`, computed in f64.
+pub fn softmax_t(logits: &[f64], t: f64) -> (Vec<f64>, Vec<f64>) {
+    let scaled: Vec<f64> = logits.iter().map(|l| l / t).collect();
+    let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = scaled.iter().map(|l| (l - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    (exps.iter().map(|e| e / sum).collect(), scaled)
+}
+
+/// The raw (untempered) label logits of each state, in one forward pass over a left-padded batch.
+pub fn label_logits(model: &Qwen3, states: &[&Encoded], pad_id: u32) -> Vec<Vec<f64>> {
+    if states.is_empty() {
+        return Vec::new();
+    }
+    // The union of the label tokens in this batch; each state reads its own columns.
+    let mut union: Vec<u32> = Vec::new();
+    for e in states {
+        for &t in &e.option_token_ids {
+            if !union.contains(&t) {
+                union.push(t);
+            }
+        }
+    }
+    let rows: Vec<&[u32]> = states.iter().map(|e| e.input_ids.as_slice()).collect();
+    let batch = Batch::left_padded(&rows, pad_id);
+    let logits = model.answer_logits(&batch, &union);
+    let data = logits.into_data().convert_dtype(DType::F32);
+    let flat: Vec<f32> = data.try_into_vec().expect("f32 logits");
+    let width = union.len();
+    states
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let row = &flat[i * width..(i + 1) * width];
+            e.option_token_ids
+                .iter()
+                .map(|t| row[union.iter().position(|u| u == t).expect("in union")] as f64)
+                .collect()
+        })
+        .collect()
+}
+
+/// Turn raw label logits into [`Scores`] with temperature `t`.
+pub fn scores_from_logits(raw: &[f64], t: f64) -> Scores {
+    let (probs, logits) = softmax_t(raw, t);
+    let (pick_index, confidence) = probs
+        .iter()
+        .cloned()
+        .enumerate()
+        .fold((0, f64::NEG_INFINITY), |best, (i, p)| {
+            if p > best.1 { (i, p) } else { best }
+        });
+    Scores {
+        probs,
+        logits,
+        pick_index,
+        confidence,
+        temperature: t,
+    }
+}
+
+/// Order in which to batch states: by prompt length, so a batch wastes little on padding.
+/// Results do not depend on it (each row is independent of the rest of its batch).
+pub fn length_order(encoded: &[Encoded]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..encoded.len()).collect();
+    order.sort_by_key(|&i| (encoded[i].input_ids.len(), i));
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_with_temperature() {
+        let (p, l) = softmax_t(&[2.0, 0.0], 2.0);
+        assert_eq!(l, vec![1.0, 0.0]);
+        let e = 1f64.exp();
+        assert!((p[0] - e / (e + 1.0)).abs() < 1e-12);
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        let s = scores_from_logits(&[0.0, 3.0, 1.0], 1.0);
+        assert_eq!(s.pick_index, 1);
+        assert_eq!(s.confidence, s.probs[1]);
+        // Huge logits do not overflow.
+        let (p, _) = softmax_t(&[1000.0, 999.0], 1.0);
+        assert!(p.iter().all(|x| x.is_finite()));
+    }
+}

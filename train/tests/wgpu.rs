@@ -1,0 +1,74 @@
+//! The wgpu backend runs the same model as the CPU backend. On a machine without a GPU this uses
+//! Mesa's lavapipe Vulkan driver (`.ci/run` installs `mesa-vulkan-drivers`). Set
+//! `DECISION_SKIP_WGPU_TEST=1` on a machine that has no Vulkan driver at all.
+#![cfg(feature = "wgpu")]
+
+use std::path::Path;
+
+use decision_data::{Candidate, State};
+use decision_train::{Backend, DecisionModel, LoadOptions};
+
+fn state(id: &str, context: &str, options: &[&str]) -> State {
+    State {
+        id: id.into(),
+        task_id: id.into(),
+        point: "tool".into(),
+        context: context.into(),
+        candidates: options
+            .iter()
+            .map(|o| Candidate {
+                id: o.to_string(),
+                label: o.to_string(),
+            })
+            .collect(),
+        answer: None,
+        teacher: None,
+        after_error: false,
+        rules: None,
+        split: None,
+    }
+}
+
+#[test]
+fn wgpu_scores_like_the_cpu_backend() {
+    if std::env::var("DECISION_SKIP_WGPU_TEST").is_ok_and(|v| v == "1") {
+        eprintln!("DECISION_SKIP_WGPU_TEST=1: wgpu comparison skipped");
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/model/untied-gqa3");
+    let src = dir.to_str().unwrap();
+    let cpu = DecisionModel::load(src, &LoadOptions::default()).unwrap();
+    let gpu = DecisionModel::load(
+        src,
+        &LoadOptions {
+            backend: Backend::Wgpu,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let states = vec![
+        state(
+            "a",
+            "user asks to cancel order ord_117",
+            &["lookup_order", "cancel_order"],
+        ),
+        state(
+            "b",
+            "the agent called search_docs and got 3 results",
+            &["refund_order", "ask_user", "stop"],
+        ),
+        state("c", "cancel", &["cancel_order", "lookup_order"]),
+    ];
+    let want = cpu.score(&states, 3).unwrap();
+    let got = gpu.score(&states, 3).unwrap();
+    let mut worst = 0f64;
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!(w.pick_index, g.pick_index);
+        for (a, b) in w.logits.iter().zip(&g.logits) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    eprintln!("wgpu vs cpu: max |Δlogit| {worst:.2e}");
+    // Different kernels and summation orders in f32: 1e-4 on O(1) logits.
+    assert!(worst < 1e-4, "wgpu logits differ from cpu by {worst}");
+}
