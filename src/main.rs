@@ -26,6 +26,12 @@ enum Command {
         after_help = "Example:\n  decision data validate demo-out/v1.parquet\n  decision data stats demo-out/v1.parquet"
     )]
     Data(decision_data::cli::DataCmd),
+    /// Generate synthetic data (decision states from a simulated shop)
+    #[command(
+        subcommand,
+        after_help = "Example:\n  decision gen states --rules v1 --tasks 2000 --seed 7 --out demo-out/v1.parquet"
+    )]
+    Gen(decision_data::r#gen::GenCmd),
     /// Fit per-decision-point confidence thresholds from receipts (thresholds.json, report)
     Fit(decision_fit::FitArgs),
     /// Generate synthetic receipts (demo, cross-check, benchmark)
@@ -38,6 +44,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Data(cmd) => cmd.run(),
+        Command::Gen(cmd) => cmd.run(),
         Command::Fit(args) => decision_fit::run(args),
         Command::GenReceipts(args) => decision_fit::synth::run(args),
         Command::Score(args) => decision_train::cli::run_score(args),
