@@ -27,7 +27,11 @@ impl AtomicFile {
             .into_owned();
         let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        Ok(Self { target, tmp, writer: Some(BufWriter::with_capacity(1 << 20, file)) })
+        Ok(Self {
+            target,
+            tmp,
+            writer: Some(BufWriter::with_capacity(1 << 20, file)),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -41,10 +45,15 @@ impl AtomicFile {
             .into_inner()
             .map_err(|e| e.into_error())
             .with_context(|| format!("writing {}", self.tmp.display()))?;
-        file.sync_all().with_context(|| format!("syncing {}", self.tmp.display()))?;
+        file.sync_all()
+            .with_context(|| format!("syncing {}", self.tmp.display()))?;
         drop(file);
         fs::rename(&self.tmp, &self.target).with_context(|| {
-            format!("renaming {} to {}", self.tmp.display(), self.target.display())
+            format!(
+                "renaming {} to {}",
+                self.tmp.display(),
+                self.target.display()
+            )
         })?;
         sync_dir(&parent_dir(&self.target));
         Ok(())
@@ -53,10 +62,16 @@ impl AtomicFile {
 
 impl Write for AtomicFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.writer.as_mut().expect("writer present until commit").write(buf)
+        self.writer
+            .as_mut()
+            .expect("writer present until commit")
+            .write(buf)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.writer.as_mut().expect("writer present until commit").flush()
+        self.writer
+            .as_mut()
+            .expect("writer present until commit")
+            .flush()
     }
 }
 
@@ -110,7 +125,11 @@ mod tests {
             // dropped without commit
         }
         assert!(!target.exists());
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "temporary file left behind");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "temporary file left behind"
+        );
         write_atomic(&target, b"whole").unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"whole");
         write_atomic(&target, b"again").unwrap();

@@ -27,7 +27,11 @@ pub struct Receipt {
     /// When the configured patterns recognise it, `outcome` holds the mapped status; when they
     /// do not, `outcome` stays `None` and the record counts as observed but unjudged
     /// (`unknown`), not as pending.
-    #[serde(rename = "observedOutcome", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "observedOutcome",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub observed_outcome: Option<String>,
 }
 
@@ -91,7 +95,11 @@ pub struct Fallback {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     pub status: OutcomeStatus,
-    #[serde(rename = "durationMs", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "durationMs",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub duration_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<u32>,
@@ -135,8 +143,12 @@ impl OutcomeStatus {
     }
 
     pub fn parse(s: &str) -> Option<OutcomeStatus> {
-        [OutcomeStatus::Success, OutcomeStatus::Failure, OutcomeStatus::Abandoned]
-            .into_iter()
-            .find(|v| v.as_str() == s)
+        [
+            OutcomeStatus::Success,
+            OutcomeStatus::Failure,
+            OutcomeStatus::Abandoned,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
     }
 }
