@@ -72,7 +72,13 @@ def torch_worker(args):
     base = model.get_base_model() if args.lora else model
     head = base.lm_head.weight
     rng = np.random.default_rng(1)
-    order = rng.permutation(len(data))
+    order = list(rng.permutation(len(data)))
+    # the same length bucketing as `decision train` (pools of 16 batches sorted by length)
+    pool = 16 * args.batch
+    order = [i for k in range(0, len(order), pool) for i in sorted(order[k:k + pool], key=lambda i: len(data[i][0]))]
+    batches = [order[k:k + args.batch] for k in range(0, len(order), args.batch)]
+    rng.shuffle(batches)
+    order = [i for b in batches for i in b]
     pos = 0
     tps = []
     for step in range(args.steps):

@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn separable_data_hits_the_lower_bound() {
-        let s = vec![
+        let s = [
             state("tool", vec![5.0, 0.0], 0),
             state("tool", vec![0.0, 5.0], 1),
         ];

@@ -203,8 +203,11 @@ pub fn write_tensors(
     decision_data::atomic::write_atomic(path, &bytes)
 }
 
+/// Named f32 vectors and the file's metadata.
+pub type NamedTensors = (BTreeMap<String, Vec<f32>>, BTreeMap<String, String>);
+
 /// Read a file written by [`write_tensors`].
-pub fn read_tensors(path: &Path) -> Result<(BTreeMap<String, Vec<f32>>, BTreeMap<String, String>)> {
+pub fn read_tensors(path: &Path) -> Result<NamedTensors> {
     let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{}: not a safetensors file", path.display()))?;

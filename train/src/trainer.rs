@@ -704,7 +704,7 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
             b.set_position(state.step);
             b.set_message(format!("loss {loss_sum:.4}  lr {lr:.2e}  {tps:.0} tok/s"));
         }
-        if state.step % cfg.train.log_every.max(1) == 0 || state.step == total_steps {
+        if state.step.is_multiple_of(cfg.train.log_every.max(1)) || state.step == total_steps {
             let window = window_start.elapsed().as_secs_f64();
             let line = serde_json::json!({
                 "kind": "train", "step": state.step, "epoch": state.epoch, "loss": loss_sum,
@@ -717,7 +717,7 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
             window_start = Instant::now();
         }
         if cfg.train.eval_every > 0
-            && state.step % cfg.train.eval_every == 0
+            && state.step.is_multiple_of(cfg.train.eval_every)
             && state.step < total_steps
         {
             let eval_model = DecisionModel {
@@ -745,7 +745,7 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
                 ));
             }
         }
-        if cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 {
+        if cfg.train.checkpoint_every > 0 && state.step.is_multiple_of(cfg.train.checkpoint_every) {
             save_checkpoint(&model, &opt, &state)?;
         }
     }
