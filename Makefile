@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint bench-fit
+.PHONY: all build demo test bench lint bench-fit bench-train
 
 all: test
 
@@ -28,7 +28,7 @@ test:
 	$(CARGO) test --workspace
 
 ## bench: speed figures, side by side with the reference implementations
-bench: build bench-fit
+bench: build bench-fit bench-train
 
 ## lint: formatting and clippy with warnings denied
 lint:
@@ -40,3 +40,9 @@ lint:
 FIT_PYTHON ?= $(shell test -x /work/refenv/bin/python && echo /work/refenv/bin/python || echo python3)
 bench-fit: build
 	BIN=$(BIN) PYTHON=$(FIT_PYTHON) scripts/bench_fit.sh
+
+## bench-train: `decision train` (Burn, CPU) vs PyTorch + transformers + peft, tokens/s and peak
+## memory, tiny full fine-tune and small-Qwen3 LoRA (needs scripts/requirements-train.txt)
+bench-train: build
+	$(BIN) gen states --rules v1 --tasks 300 --seed 3 --out bench-out/train-states.parquet
+	$(FIT_PYTHON) scripts/bench_train.py --decision $(BIN) --states bench-out/train-states.parquet --out bench-out/train --steps 30

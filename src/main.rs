@@ -38,6 +38,10 @@ enum Command {
     GenReceipts(decision_fit::GenReceiptsArgs),
     /// Score states with a decision model: probabilities per candidate, pick, confidence
     Score(decision_train::cli::ScoreArgs),
+    /// Fine-tune the decision model on recorded states (full or LoRA), with checkpoints
+    Train(decision_train::trainer::TrainArgs),
+    /// Evaluate a model or run on states: metrics, flip rate, shadow receipts, baseline
+    Eval(decision_train::eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,8 @@ fn main() -> ExitCode {
         Command::Fit(args) => decision_fit::run(args),
         Command::GenReceipts(args) => decision_fit::synth::run(args),
         Command::Score(args) => decision_train::cli::run_score(args),
+        Command::Train(args) => decision_train::trainer::run(&args),
+        Command::Eval(args) => decision_train::eval::run(&args),
     };
     match result {
         Ok(code) => code,

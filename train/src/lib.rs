@@ -9,13 +9,28 @@ pub mod cli;
 pub mod config;
 pub mod decision_model;
 pub mod hub;
-pub mod lora;
 pub mod model;
 pub mod prompt;
 pub mod score;
 pub mod spec;
 pub mod tokenizer;
 pub mod weights;
+
+// The trainer (issue 4).
+pub mod calibration;
+pub mod checkpoint;
+pub mod eval;
+pub mod lora;
+pub mod loss;
+pub mod metrics;
+pub mod optim;
+pub mod plots;
+pub mod receipts;
+pub mod run_config;
+pub mod trainer;
+#[cfg(test)]
+mod trainer_tests;
+
 pub use backend::{Backend, Precision};
 pub use config::Qwen3Config;
 pub use decision_model::{DecisionModel, LoadOptions, default_spec};
