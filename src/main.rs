@@ -42,6 +42,11 @@ enum Command {
     Train(decision_train::trainer::TrainArgs),
     /// Evaluate a model or run on states: metrics, flip rate, shadow receipts, baseline
     Eval(decision_train::eval::EvalArgs),
+    /// Export a model as the harness bundle (ONNX, PEFT adapter, manifest), parity-checked first
+    Export(decision_export::cli::ExportArgs),
+    /// Check an export bundle (`decision bundle verify BUNDLE`)
+    #[command(subcommand)]
+    Bundle(decision_export::cli::BundleCmd),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +59,8 @@ fn main() -> ExitCode {
         Command::Score(args) => decision_train::cli::run_score(args),
         Command::Train(args) => decision_train::trainer::run(&args),
         Command::Eval(args) => decision_train::eval::run(&args),
+        Command::Export(args) => args.run(),
+        Command::Bundle(cmd) => cmd.run(),
     };
     match result {
         Ok(code) => code,

@@ -2,10 +2,15 @@
 //! (contracts section 5): ONNX and PEFT writers over one [graph description](graph), the manifest,
 //! the parity gate, and `decision bundle verify`.
 
+pub mod bundle;
+pub mod cli;
 pub mod config;
 pub mod graph;
 pub mod lora;
 pub mod onnx;
 pub mod parity;
 pub mod progress;
+pub mod samples;
+pub mod source;
+pub mod verify;
 pub mod weights;

@@ -196,3 +196,310 @@ fn external_data_is_aligned_and_complete() {
     assert_eq!(external, weight_count);
     assert_eq!(covered, graph.parameter_count() * 4);
 }
+
+// ---- the export command: bundle, gate, verify --------------------------------------------
+
+use decision_export::bundle::Manifest;
+use decision_export::cli::{ExportArgs, Format, WeightDtype, export, export_from};
+use decision_export::source::{Origin, Source};
+use decision_export::verify::verify;
+
+fn args(out: &Path) -> ExportArgs {
+    ExportArgs {
+        run: None,
+        model: Some(fixtures().join("tiny").display().to_string()),
+        adapter: None,
+        thresholds: None,
+        formats: vec![Format::Onnx],
+        out: out.to_path_buf(),
+        dtype: WeightDtype::F32,
+        opset: 18,
+        external_data: false,
+        check_data: None,
+        check_samples: 32,
+        force: false,
+    }
+}
+
+fn manifest(bundle: &Path) -> Manifest {
+    serde_json::from_str(&std::fs::read_to_string(bundle.join("manifest.json")).unwrap()).unwrap()
+}
+
+const THRESHOLDS: &str = r#"{"schema": "decision-thresholds/1", "fitted_at": "2026-11-30T12:00:00Z",
+  "source": {"files": ["r.jsonl"], "sha256": "00", "records": 10, "bad": 0, "quarantine": null},
+  "points": {"tool": {"status": "fitted", "threshold": 0.9, "judged": 40},
+             "stop": {"status": "insufficient-data", "threshold": null, "judged": 3}}}"#;
+
+#[test]
+fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("bundle");
+    let thresholds = root.path().join("thresholds.json");
+    std::fs::write(&thresholds, THRESHOLDS).unwrap();
+    let mut a = args(&out);
+    a.adapter = Some(fixtures().join("tiny-lora"));
+    a.thresholds = Some(thresholds);
+    a.formats = vec![Format::Onnx, Format::Peft];
+    let lines = export(&a).unwrap();
+    eprintln!("{}", lines.join("\n"));
+
+    let m = manifest(&out);
+    assert_eq!(m.schema, "decision-bundle/1");
+    let paths: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "adapter/adapter_config.json",
+            "adapter/adapter_model.safetensors",
+            "decision.json",
+            "model.onnx",
+            "thresholds.json",
+            "tokenizer.json"
+        ]
+    );
+    let parity = &m.verified_with[0];
+    assert_eq!(parity["check"], "parity");
+    assert_eq!(parity["passed"], true);
+    assert!(
+        parity["reference"].as_str().unwrap().contains("unmerged"),
+        "{parity}"
+    );
+    assert!(parity["max_abs_dp"].as_f64().unwrap() <= 1e-4);
+    assert!(parity["samples"].as_u64().unwrap() >= 9);
+    let adapter = m.model.adapter.as_ref().unwrap();
+    assert_eq!((adapter.r, adapter.alpha, adapter.included), (4, 8.0, true));
+    // The adapter we wrote holds exactly what we read.
+    let cfg = Qwen3Config::load(&fixtures().join("tiny")).unwrap();
+    let ours = LoraAdapter::load(&out.join("adapter"), &cfg).unwrap();
+    let theirs = LoraAdapter::load(&fixtures().join("tiny-lora"), &cfg).unwrap();
+    assert_eq!(ours.modules, theirs.modules);
+
+    let v = verify(&out);
+    assert!(v.ok(), "{:?}", v.problems);
+    assert_eq!(v.files_checked, 6);
+
+    // A flipped byte (same size) in the model.
+    let model = out.join("model.onnx");
+    let original = std::fs::read(&model).unwrap();
+    let mut bytes = original.clone();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&model, &bytes).unwrap();
+    let v = verify(&out);
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.starts_with("model.onnx: sha256")),
+        "{:?}",
+        v.problems
+    );
+    std::fs::write(&model, &original).unwrap();
+    // Label ids that do not match the tokenizer, with the manifest hash updated to match, so
+    // only the semantic check can catch it.
+    let decision = out.join("decision.json");
+    let mut spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(&decision).unwrap()).unwrap();
+    spec["label_token_ids"][0] = serde_json::json!(1);
+    std::fs::write(&decision, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let mut m2: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let (n, sha) = decision_export::bundle::hash_file(&decision).unwrap();
+    for f in m2["files"].as_array_mut().unwrap() {
+        if f["path"] == "decision.json" {
+            f["bytes"] = serde_json::json!(n);
+            f["sha256"] = serde_json::json!(sha);
+        }
+    }
+    std::fs::write(
+        out.join("manifest.json"),
+        serde_json::to_vec_pretty(&m2).unwrap(),
+    )
+    .unwrap();
+    let v = verify(&out);
+    assert_eq!(v.problems.len(), 1, "{:?}", v.problems);
+    assert!(
+        v.problems[0].contains("label token ids"),
+        "{:?}",
+        v.problems
+    );
+    // An unlisted file.
+    std::fs::write(out.join("extra.bin"), b"x").unwrap();
+    assert!(
+        verify(&out)
+            .problems
+            .iter()
+            .any(|p| p.contains("extra.bin: in the bundle but not in manifest.json"))
+    );
+}
+
+#[test]
+fn f16_opset23_external_bundle_passes_the_gate_and_verifies() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("b16");
+    let mut a = args(&out);
+    a.model = Some(fixtures().join("gqa3").display().to_string());
+    a.dtype = WeightDtype::F16;
+    a.opset = 23;
+    a.external_data = true;
+    export(&a).unwrap();
+    let m = manifest(&out);
+    assert_eq!(m.model.dtype, "f16");
+    let onnx = m.formats.onnx.as_ref().unwrap();
+    assert_eq!(
+        (onnx.opset, onnx.external_data.as_deref()),
+        (23, Some("model.onnx.data"))
+    );
+    assert!(m.files.iter().any(|f| f.path == "model.onnx.data"));
+    let dp = m.verified_with[0]["max_abs_dp"].as_f64().unwrap();
+    assert!(dp <= 2e-3 && dp > 0.0, "{dp}");
+    let v = verify(&out);
+    assert!(v.ok(), "{:?}", v.problems);
+    // Without --force an existing bundle is never overwritten.
+    let err = export(&a).unwrap_err().to_string();
+    assert!(err.contains("--force"), "{err}");
+}
+
+#[test]
+fn a_wrong_adapter_key_fails_the_export_and_publishes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let bad = root.path().join("bad-lora");
+    std::fs::create_dir(&bad).unwrap();
+    std::fs::copy(
+        fixtures().join("tiny-lora/adapter_config.json"),
+        bad.join("adapter_config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(fixtures().join("tiny-lora/adapter_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .iter()
+        .map(|(name, view)| {
+            (
+                name.replace("layers.1.mlp.up_proj", "layers.1.mlp.upp_proj"),
+                view,
+            )
+        })
+        .collect();
+    std::fs::write(
+        bad.join("adapter_model.safetensors"),
+        safetensors::serialize(renamed, None).unwrap(),
+    )
+    .unwrap();
+    let out = root.path().join("bundle");
+    let mut a = args(&out);
+    a.adapter = Some(bad);
+    let err = format!("{:#}", export(&a).unwrap_err());
+    assert!(
+        err.contains("missing key `base_model.model.model.layers.1.mlp.up_proj.lora_A.weight`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("unexpected key `base_model.model.model.layers.1.mlp.upp_proj.lora_B.weight`"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_model_that_disagrees_with_the_reference_is_not_published() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("bundle");
+    let a = args(&out);
+    let mut source = Source::open(
+        &Origin::Model {
+            src: a.model.clone().unwrap(),
+            adapter: None,
+        },
+        None,
+        32,
+    )
+    .unwrap();
+    // The reference gets other weights than the ones exported.
+    let device = source.model.device.clone();
+    source.model.model = decision_train::model::init_random(&source.model.config, 0.2, &device);
+    let err = export_from(source, &a).unwrap_err().to_string();
+    assert!(
+        err.contains("parity check failed for model.onnx") && err.contains("max |Δp| = "),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "staging folder left behind"
+    );
+}
+
+#[test]
+fn a_lora_run_folder_exports_with_its_validation_states() {
+    use decision_train::run_config::RunConfig;
+    use decision_train::trainer::{TrainOptions, train};
+    let root = tempfile::tempdir().unwrap();
+    let states = decision_data::r#gen::generate(&decision_data::r#gen::GenOptions {
+        tasks: 12,
+        seed: 3,
+        ..Default::default()
+    })
+    .unwrap();
+    let data = root.path().join("states.jsonl");
+    decision_data::write_states(&data, &states).unwrap();
+    let text = format!(
+        r#"
+name = "lora-test"
+[model]
+init = "pretrained"
+source = "{}"
+[data]
+train = "{}"
+max_options = 16
+max_tokens = 128
+[lora]
+rank = 2
+alpha = 4.0
+dropout = 0.0
+targets = ["q_proj", "v_proj", "down_proj"]
+[optim]
+lr = 1e-2
+warmup_steps = 0
+[train]
+mode = "lora"
+max_steps = 2
+batch_size = 4
+seed = 1
+[eval]
+batch_size = 16
+min_states_per_point = 5
+permutations = 0
+"#,
+        fixtures().join("tiny").display(),
+        data.display()
+    );
+    let cfg = RunConfig::parse(&text, &[]).unwrap();
+    let run = root.path().join("run");
+    train(&cfg, &run, &TrainOptions::default()).unwrap();
+
+    let out = root.path().join("bundle");
+    let mut a = args(&out);
+    a.model = None;
+    a.run = Some(run.clone());
+    a.formats = vec![Format::Onnx, Format::Peft];
+    a.check_samples = 12;
+    export(&a).unwrap();
+    let m = manifest(&out);
+    assert_eq!(m.model.base, fixtures().join("tiny").display().to_string());
+    assert_eq!(
+        m.model.adapter.as_ref().unwrap().target_modules,
+        ["q_proj", "v_proj", "down_proj"]
+    );
+    assert!(
+        m.verified_with[0]["samples_from"]
+            .as_str()
+            .unwrap()
+            .contains("validation split")
+    );
+    let samples = m.verified_with[0]["samples"].as_u64().unwrap();
+    assert!((1..=12).contains(&samples), "{samples}");
+    let v = verify(&out);
+    assert!(v.ok(), "{:?}", v.problems);
+}

@@ -1,0 +1,315 @@
+//! The bundle folder (contracts section 5) and its `manifest.json`.
+//!
+//! ```text
+//! BUNDLE/
+//!   manifest.json        schema decision-bundle/1, written last (see [`Manifest`])
+//!   decision.json        prompt template, labels and their token ids, max_options, max_tokens,
+//!                        `temperature` (the one the model files apply) and per-point
+//!                        `temperatures`, decision points (schema decision-config/1)
+//!   tokenizer.json       the tokenizer the model was trained with, byte for byte
+//!   thresholds.json      when given (decision-thresholds/1)
+//!   model.onnx           + model.onnx.data when the weights are external
+//!   model.mlpackage/     Core ML (when built)
+//!   adapter/             PEFT layout: adapter_config.json, adapter_model.safetensors
+//! ```
+//!
+//! A bundle is assembled in a hidden sibling folder ([`Staging`]) and renamed into place once
+//! complete, so a reader never sees half a bundle.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub const SCHEMA: &str = "decision-bundle/1";
+pub const MANIFEST: &str = "manifest.json";
+pub const DECISION: &str = "decision.json";
+pub const TOKENIZER: &str = "tokenizer.json";
+pub const THRESHOLDS: &str = "thresholds.json";
+pub const ADAPTER_DIR: &str = "adapter";
+
+/// One file of the bundle: path relative to the bundle (`/`-separated), size, SHA-256 (hex).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// The PEFT adapter merged into the model files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdapterFacts {
+    /// Where it came from (a run's `final/adapter`, or `--adapter`).
+    pub source: String,
+    pub r: usize,
+    pub alpha: f64,
+    pub target_modules: Vec<String>,
+    /// In the bundle as `adapter/` (PEFT layout) when the `peft` format was asked for.
+    pub included: bool,
+}
+
+/// Facts about the model (contracts: architecture, base, adapter, parameter count, dtype).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelFacts {
+    pub architecture: String,
+    /// The base checkpoint (Hub id or path) — for a LoRA model, what the adapter applies to.
+    pub base: String,
+    pub adapter: Option<AdapterFacts>,
+    /// Weight parameters in the model files (tied tables counted once).
+    pub parameters: u64,
+    /// Storage type of the weights in the model files (`f32`, `f16`; norms are always f32).
+    pub dtype: String,
+    /// The temperature the model files divide the option logits by (`decision.json`'s
+    /// `temperature`). For a point with its own entry in `temperatures`, use
+    /// `softmax(option_logits · temperature / temperatures[point])`.
+    pub temperature: f64,
+    /// The Hugging Face `config.json` of the model.
+    pub config: serde_json::Value,
+}
+
+/// `model.onnx` details.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OnnxFacts {
+    pub file: String,
+    /// `model.onnx.data` when the weights are stored beside the graph.
+    pub external_data: Option<String>,
+    pub opset: i64,
+}
+
+/// Which model formats the bundle holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Formats {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onnx: Option<OnnxFacts>,
+    /// Written by the Core ML writer (free-form until it lands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coreml: Option<serde_json::Value>,
+    /// The PEFT adapter folder, when included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peft: Option<String>,
+}
+
+/// `manifest.json`. Fields may be added; none is renamed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// `decision-export <version>`.
+    pub producer: String,
+    pub model: ModelFacts,
+    /// The decision points the model was trained for (sorted).
+    pub points: Vec<String>,
+    pub formats: Formats,
+    /// Every file of the bundle except the manifest itself.
+    pub files: Vec<FileEntry>,
+    /// The checks that ran before the manifest was written. Each entry has at least `check`
+    /// (e.g. `parity`), `file` and `passed`; parity entries also say what ran the file, what it
+    /// was compared with, on how many samples, the largest |Δp| and the tolerance.
+    pub verified_with: Vec<serde_json::Value>,
+}
+
+/// SHA-256 (hex) and size of a file, read in 1 MiB blocks.
+pub fn hash_file(path: &Path) -> Result<(u64, String)> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = reader
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, hex::encode(hasher.finalize())))
+}
+
+/// Every file under `dir` except the manifest, as bundle-relative `/`-separated paths, sorted.
+pub fn list_files(dir: &Path) -> Result<Vec<String>> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let entry = entry?;
+            let path = entry.path();
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                walk(root, &path, out)?;
+            } else {
+                let rel = path.strip_prefix(root).expect("under root");
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.push(parts.join("/"));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    out.retain(|p| p != MANIFEST);
+    out.sort();
+    Ok(out)
+}
+
+/// Size and hash of every file in the bundle folder.
+pub fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
+    let bar = crate::progress::bar(0, "hashing bundle files");
+    let entries = list_files(dir)?
+        .into_iter()
+        .map(|path| {
+            let (bytes, sha256) = hash_file(&dir.join(&path))?;
+            bar.inc(1);
+            Ok(FileEntry {
+                path,
+                bytes,
+                sha256,
+            })
+        })
+        .collect();
+    bar.finish_and_clear();
+    entries
+}
+
+/// A bundle being assembled in a hidden sibling of its final path. Dropped without
+/// [`Staging::publish`], the folder is removed and nothing appears at the final path.
+#[derive(Debug)]
+pub struct Staging {
+    out: PathBuf,
+    tmp: PathBuf,
+    replace: bool,
+    published: bool,
+}
+
+impl Staging {
+    /// Prepare to write `out`. An existing `out` is an error unless `replace`.
+    pub fn new(out: &Path, replace: bool) -> Result<Self> {
+        if out.exists() && !replace {
+            bail!(
+                "{} already exists; pass --force to replace it",
+                out.display()
+            );
+        }
+        let name = out
+            .file_name()
+            .with_context(|| format!("{}: not a folder name", out.display()))?
+            .to_string_lossy()
+            .into_owned();
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)
+                .with_context(|| format!("removing stale {}", tmp.display()))?;
+        }
+        std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        Ok(Self {
+            out: out.to_path_buf(),
+            tmp,
+            replace,
+            published: false,
+        })
+    }
+
+    /// The folder being filled.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Rename the finished folder into place (replacing the old bundle when allowed).
+    pub fn publish(mut self) -> Result<PathBuf> {
+        for entry in list_files(&self.tmp)? {
+            if let Ok(f) = File::open(self.tmp.join(&entry)) {
+                let _ = f.sync_all();
+            }
+        }
+        if self.out.exists() {
+            if !self.replace {
+                bail!(
+                    "{} appeared while the bundle was being written",
+                    self.out.display()
+                );
+            }
+            let old = self.tmp.with_file_name(format!(
+                ".{}.old-{}",
+                self.out.file_name().expect("named").to_string_lossy(),
+                std::process::id()
+            ));
+            std::fs::rename(&self.out, &old)
+                .with_context(|| format!("moving the old {} aside", self.out.display()))?;
+            std::fs::rename(&self.tmp, &self.out)
+                .with_context(|| format!("publishing {}", self.out.display()))?;
+            std::fs::remove_dir_all(&old)
+                .with_context(|| format!("removing the old bundle {}", old.display()))?;
+        } else {
+            std::fs::rename(&self.tmp, &self.out)
+                .with_context(|| format!("publishing {}", self.out.display()))?;
+        }
+        decision_data::atomic::sync_dir(self.out.parent().unwrap_or(Path::new(".")));
+        self.published = true;
+        Ok(self.out.clone())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_publishes_whole_or_not_at_all() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("bundle");
+        {
+            let s = Staging::new(&out, false).unwrap();
+            std::fs::write(s.path().join("a.txt"), b"half").unwrap();
+            // dropped: nothing published, nothing left behind
+        }
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        let s = Staging::new(&out, false).unwrap();
+        std::fs::create_dir(s.path().join("adapter")).unwrap();
+        std::fs::write(s.path().join("adapter/x.json"), b"{}").unwrap();
+        std::fs::write(s.path().join(MANIFEST), b"{}").unwrap();
+        s.publish().unwrap();
+        assert_eq!(
+            list_files(&out).unwrap(),
+            vec!["adapter/x.json".to_string()]
+        );
+        assert!(
+            Staging::new(&out, false)
+                .unwrap_err()
+                .to_string()
+                .contains("--force")
+        );
+        let s = Staging::new(&out, true).unwrap();
+        std::fs::write(s.path().join("b.txt"), b"new").unwrap();
+        s.publish().unwrap();
+        assert_eq!(list_files(&out).unwrap(), vec!["b.txt".to_string()]);
+        let (n, h) = hash_file(&out.join("b.txt")).unwrap();
+        assert_eq!(n, 3);
+        // sha256("new")
+        assert_eq!(
+            h,
+            "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! `decision export` and `decision bundle verify`: arguments and the command flows.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::json;
+
+use crate::bundle::{
+    self, AdapterFacts, FileEntry, Formats, Manifest, ModelFacts, OnnxFacts, Staging,
+};
+use crate::graph::{DType, GraphOptions, build_qwen3};
+use crate::onnx::{self, OnnxOptions};
+use crate::parity::{self, TractModel};
+use crate::source::{BurnScorer, Origin, Source};
+use crate::verify;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// model.onnx (+ model.onnx.data)
+    Onnx,
+    /// adapter/ in PEFT's layout (needs a LoRA model)
+    Peft,
+    /// model.mlpackage (Core ML ML Program)
+    Coreml,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightDtype {
+    F32,
+    F16,
+}
+
+/// Export a trained decision model as the bundle the desktop harness loads.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  decision export --run runs/tiny-lora-v2 --formats onnx,peft --out demo-out/bundle
+  decision export --model Qwen/Qwen3-0.6B --adapter my-lora --thresholds thresholds.json \\
+      --formats onnx,peft --dtype f16 --check-data states.parquet --out bundle
+
+The model files apply decision.json's `temperature`; a harness that calibrates per decision
+point computes softmax(option_logits * temperature / temperatures[point]).
+Before manifest.json is written, each model file is run in-process on sample states and compared
+with the training-side forward pass (max |dp| <= 1e-4 for f32 weights, <= 2e-3 for f16, same
+picks); on failure nothing is published.")]
+pub struct ExportArgs {
+    /// A run folder written by `decision train` (its final/ model, adapter and validation states)
+    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    pub run: Option<PathBuf>,
+    /// A Hugging Face Qwen3 checkpoint: a local folder or a Hub id `owner/name[@revision]`
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for --model;
+    /// merged into the model files
+    #[arg(long, requires = "model")]
+    pub adapter: Option<PathBuf>,
+    /// thresholds.json from `decision fit`, copied into the bundle after a schema check
+    #[arg(long)]
+    pub thresholds: Option<PathBuf>,
+    /// Comma-separated formats to write
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "onnx")]
+    pub formats: Vec<Format>,
+    /// The bundle folder to create
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Storage type of the model-file weights (norms stay f32)
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: WeightDtype,
+    /// ONNX opset: 18 (decomposed standard ops) or 23 (RMSNormalization, RotaryEmbedding, Attention)
+    #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(i64).range(18..=23))]
+    pub opset: i64,
+    /// Store the ONNX weights in model.onnx.data even when under 2 GB
+    #[arg(long)]
+    pub external_data: bool,
+    /// States to run the parity gate on (default: the run's validation states, or built-in probes)
+    #[arg(long)]
+    pub check_data: Option<PathBuf>,
+    /// At most this many sample states for the parity gate
+    #[arg(long, default_value_t = 32)]
+    pub check_samples: usize,
+    /// Replace an existing bundle at --out
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Inspect a bundle.
+#[derive(Debug, Subcommand)]
+pub enum BundleCmd {
+    /// Check hashes, JSON schemas, tokenizer label ids and the model interface; exit 1 on any mismatch
+    #[command(after_help = "Example:\n  decision bundle verify demo-out/bundle")]
+    Verify {
+        /// The bundle folder
+        bundle: PathBuf,
+    },
+}
+
+impl BundleCmd {
+    pub fn run(&self) -> Result<ExitCode> {
+        match self {
+            BundleCmd::Verify { bundle } => {
+                if !bundle.is_dir() {
+                    bail!("{}: not a folder", bundle.display());
+                }
+                let v = verify::verify(bundle);
+                if v.ok() {
+                    println!(
+                        "ok: {} verified ({} files)",
+                        bundle.display(),
+                        v.files_checked
+                    );
+                    Ok(ExitCode::SUCCESS)
+                } else {
+                    for p in &v.problems {
+                        eprintln!("{}: {p}", bundle.display());
+                    }
+                    eprintln!(
+                        "FAILED: {} problem(s) in {}",
+                        v.problems.len(),
+                        bundle.display()
+                    );
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+    }
+}
+
+impl ExportArgs {
+    pub fn run(&self) -> Result<ExitCode> {
+        let summary = export(self)?;
+        for line in summary {
+            println!("{line}");
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn origin(args: &ExportArgs) -> Result<Origin> {
+    Ok(match (&args.run, &args.model) {
+        (Some(run), _) => Origin::Run(run.clone()),
+        (None, Some(src)) => Origin::Model {
+            src: src.clone(),
+            adapter: args.adapter.clone(),
+        },
+        (None, None) => bail!("give --run RUN_DIR or --model SRC"),
+    })
+}
+
+fn check_args(args: &ExportArgs) -> Result<()> {
+    if args.formats.is_empty() {
+        bail!("--formats lists nothing to write");
+    }
+    if args.formats.contains(&Format::Coreml) {
+        bail!("--formats coreml: the Core ML writer is not part of this build yet");
+    }
+    if let Some(t) = &args.thresholds {
+        verify::check_thresholds(t).with_context(|| format!("--thresholds {}", t.display()))?;
+    }
+    Ok(())
+}
+
+/// Run an export; returns the summary lines.
+pub fn export(args: &ExportArgs) -> Result<Vec<String>> {
+    check_args(args)?;
+    let source = Source::open(
+        &origin(args)?,
+        args.check_data.as_deref(),
+        args.check_samples,
+    )?;
+    export_from(source, args)
+}
+
+/// Export an opened [`Source`] (the model, its reference and samples) as `args` say.
+pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
+    check_args(args)?;
+    let origin = origin(args)?;
+    let has = |f: Format| args.formats.contains(&f);
+    let dtype = match args.dtype {
+        WeightDtype::F32 => DType::F32,
+        WeightDtype::F16 => DType::F16,
+    };
+    if has(Format::Peft) && source.adapter.is_none() {
+        bail!("--formats peft needs a LoRA model: a LoRA run, or --model with --adapter");
+    }
+    let mut spec = source.model.spec.clone();
+    // The harness truncates to what the model can take.
+    spec.max_tokens = source.model.prompter.max_tokens;
+    let temperature = spec.temperature;
+    let graph = build_qwen3(
+        &source.config,
+        source.weights.clone(),
+        GraphOptions {
+            dtype,
+            temperature: temperature as f32,
+        },
+    )?;
+
+    let staging = Staging::new(&args.out, args.force)?;
+    let dir = staging.path().to_path_buf();
+    decision_data::atomic::write_json_atomic(dir.join(bundle::DECISION), &spec)?;
+    let tok_src = source.model_dir.join(bundle::TOKENIZER);
+    std::fs::copy(&tok_src, dir.join(bundle::TOKENIZER))
+        .with_context(|| format!("copying {}", tok_src.display()))?;
+    if let Some(t) = &args.thresholds {
+        std::fs::copy(t, dir.join(bundle::THRESHOLDS))
+            .with_context(|| format!("copying {}", t.display()))?;
+    }
+
+    let mut lines = Vec::new();
+    let mut verified = Vec::new();
+    let mut formats = Formats::default();
+    if has(Format::Onnx) {
+        let files = onnx::write_onnx(
+            &graph,
+            OnnxOptions {
+                opset: args.opset,
+                external_data: args.external_data,
+            },
+            &dir,
+        )?;
+        let batches = source.batches(8)?;
+        let candidate = TractModel::load(&files.model)?;
+        let reference = BurnScorer {
+            model: &source.model,
+            temperature,
+            label: source.reference.clone(),
+        };
+        let report = parity::compare(onnx::MODEL_FILE, &candidate, &reference, &batches, dtype)?;
+        report.ensure()?;
+        lines.push(format!(
+            "parity    {} vs {}: {} samples from {}, max |Δp| {:.2e} (tolerance {:.0e}), picks agree{}",
+            report.runtime,
+            report.reference,
+            report.samples,
+            source.samples_from,
+            report.max_abs_dp,
+            report.tolerance,
+            if report.near_ties > 0 { format!(" ({} near-ties)", report.near_ties) } else { String::new() }
+        ));
+        let mut entry = serde_json::to_value(&report)?;
+        entry["check"] = json!("parity");
+        entry["samples_from"] = json!(source.samples_from);
+        verified.push(entry);
+        lines.insert(
+            0,
+            format!(
+                "model     model.onnx: opset {}, {} weights{}",
+                args.opset,
+                dtype.name(),
+                if files.data.is_some() {
+                    ", external data in model.onnx.data"
+                } else {
+                    ""
+                }
+            ),
+        );
+        formats.onnx = Some(OnnxFacts {
+            file: onnx::MODEL_FILE.into(),
+            external_data: files.data.as_ref().map(|_| onnx::DATA_FILE.to_string()),
+            opset: args.opset,
+        });
+    }
+    if let Some(adapter) = &source.adapter
+        && has(Format::Peft)
+    {
+        adapter.write_peft(&dir.join(bundle::ADAPTER_DIR))?;
+        formats.peft = Some(bundle::ADAPTER_DIR.into());
+        lines.push(format!(
+            "adapter   adapter/: PEFT LoRA r {} alpha {} on {} modules",
+            adapter.r,
+            adapter.alpha,
+            adapter.modules.len()
+        ));
+    }
+
+    let mut points: Vec<String> = spec
+        .points
+        .iter()
+        .chain(spec.temperatures.keys())
+        .cloned()
+        .collect();
+    points.sort();
+    points.dedup();
+    let files: Vec<FileEntry> = bundle::file_entries(&dir)?;
+    let manifest = Manifest {
+        schema: bundle::SCHEMA.into(),
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        producer: format!("decision-export {}", env!("CARGO_PKG_VERSION")),
+        model: ModelFacts {
+            architecture: graph.facts().architecture.into(),
+            base: source.base.clone(),
+            adapter: source.adapter.as_ref().map(|a| AdapterFacts {
+                source: match &origin {
+                    Origin::Run(_) => source
+                        .model_dir
+                        .join(bundle::ADAPTER_DIR)
+                        .display()
+                        .to_string(),
+                    Origin::Model { adapter, .. } => adapter
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                },
+                r: a.r,
+                alpha: a.alpha,
+                target_modules: a.target_modules.clone(),
+                included: formats.peft.is_some(),
+            }),
+            parameters: graph.parameter_count(),
+            dtype: dtype.name().into(),
+            temperature,
+            config: source.config_json.clone(),
+        },
+        points,
+        formats,
+        files,
+        verified_with: verified,
+    };
+    let count = manifest.files.len();
+    decision_data::atomic::write_json_atomic(dir.join(bundle::MANIFEST), &manifest)?;
+    let out = staging.publish()?;
+    lines.push(format!(
+        "bundle    {} ({} files + manifest.json)",
+        out.display(),
+        count
+    ));
+    Ok(lines)
+}

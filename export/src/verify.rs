@@ -1,0 +1,315 @@
+//! `decision bundle verify BUNDLE`: what the desktop app (or a release script) runs before it
+//! trusts a bundle. Every problem found is reported; any problem fails the check.
+//!
+//! - `manifest.json`: schema `decision-bundle/1`, the fields [`crate::bundle::Manifest`] needs;
+//! - files: each listed file exists with its size and SHA-256; no file is unlisted;
+//! - `decision.json`: decision-config/1 as decision-train reads it, and its label token ids are
+//!   what `tokenizer.json` encodes the labels as;
+//! - `thresholds.json` (when present): decision-thresholds/1 (contracts section 4);
+//! - `adapter/`: a PEFT LoRA adapter whose keys fit the model's config;
+//! - `model.onnx`: decodes, has the contract interface, the opset the manifest says, external data
+//!   that stays inside the bundle and within its file, and the manifest's parameter count;
+//! - `verified_with`: every model file has a parity check that passed.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::bundle::{self, Manifest};
+use crate::config::Qwen3Config;
+use crate::onnx;
+
+/// The outcome: files checked and problems found (empty = the bundle is sound).
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub files_checked: usize,
+    pub problems: Vec<String>,
+}
+
+impl Verdict {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
+}
+
+/// Check a bundle folder.
+pub fn verify(dir: &Path) -> Verdict {
+    let mut v = Verdict::default();
+    let manifest_path = dir.join(bundle::MANIFEST);
+    let manifest = match read_json(&manifest_path).and_then(|j| {
+        match j.get("schema").and_then(Value::as_str) {
+            Some(bundle::SCHEMA) => {}
+            other => anyhow::bail!("schema is {other:?}, this build reads {:?}", bundle::SCHEMA),
+        }
+        serde_json::from_value::<Manifest>(j).context("not a decision bundle manifest")
+    }) {
+        Ok(m) => m,
+        Err(e) => {
+            v.problems
+                .push(format!("{}: {e:#}", manifest_path.display()));
+            return v;
+        }
+    };
+    check_files(dir, &manifest, &mut v);
+    let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+    check_decision(dir, &mut v);
+    if listed.contains(bundle::THRESHOLDS)
+        && let Err(e) = check_thresholds(&dir.join(bundle::THRESHOLDS))
+    {
+        v.problems.push(format!("{}: {e:#}", bundle::THRESHOLDS));
+    }
+    let config = Qwen3Config::from_json(&manifest.model.config);
+    if let Err(e) = &config {
+        v.problems
+            .push(format!("manifest.json: model.config: {e:#}"));
+    }
+    if let (Some(peft), Ok(cfg)) = (&manifest.formats.peft, &config)
+        && let Err(e) = crate::lora::LoraAdapter::load(&dir.join(peft), cfg)
+    {
+        v.problems.push(format!("{peft}/: {e:#}"));
+    }
+    if let Some(o) = &manifest.formats.onnx
+        && let Err(e) = check_onnx(dir, o, &manifest)
+    {
+        v.problems.push(format!("{}: {e:#}", o.file));
+    }
+    check_verifications(&manifest, &mut v);
+    v
+}
+
+fn check_files(dir: &Path, m: &Manifest, v: &mut Verdict) {
+    for f in &m.files {
+        if f.path
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+            || f.path.starts_with('/')
+        {
+            v.problems.push(format!(
+                "manifest.json lists {:?}, which is not a path inside the bundle",
+                f.path
+            ));
+            continue;
+        }
+        match bundle::hash_file(&dir.join(&f.path)) {
+            Err(e) => v.problems.push(format!("{}: {e:#}", f.path)),
+            Ok((bytes, sha)) => {
+                v.files_checked += 1;
+                if bytes != f.bytes {
+                    v.problems.push(format!(
+                        "{}: {bytes} bytes, the manifest says {}",
+                        f.path, f.bytes
+                    ));
+                } else if sha != f.sha256 {
+                    v.problems.push(format!(
+                        "{}: sha256 {sha}, the manifest says {}",
+                        f.path, f.sha256
+                    ));
+                }
+            }
+        }
+    }
+    match bundle::list_files(dir) {
+        Ok(present) => {
+            let listed: BTreeSet<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
+            for p in present.iter().filter(|p| !listed.contains(p.as_str())) {
+                v.problems
+                    .push(format!("{p}: in the bundle but not in manifest.json"));
+            }
+        }
+        Err(e) => v.problems.push(format!("{}: {e:#}", dir.display())),
+    }
+    for required in [bundle::DECISION, bundle::TOKENIZER] {
+        if !m.files.iter().any(|f| f.path == required) {
+            v.problems
+                .push(format!("{required}: missing from the bundle"));
+        }
+    }
+}
+
+fn check_decision(dir: &Path, v: &mut Verdict) {
+    let path = dir.join(bundle::DECISION);
+    let spec = match decision_train::DecisionSpec::from_file(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            v.problems.push(format!("{}: {e:#}", bundle::DECISION));
+            return;
+        }
+    };
+    let tok = match decision_train::tokenizer::load(&dir.join(bundle::TOKENIZER)) {
+        Ok(t) => t,
+        Err(e) => {
+            v.problems.push(format!("{}: {e:#}", bundle::TOKENIZER));
+            return;
+        }
+    };
+    match decision_train::tokenizer::label_token_ids(&tok, &spec.labels, spec.max_options) {
+        Err(e) => v.problems.push(format!("{}: {e:#}", bundle::TOKENIZER)),
+        Ok(ids) if ids != spec.label_token_ids => v.problems.push(format!(
+            "decision.json lists label token ids {:?}, tokenizer.json encodes the labels as {ids:?}",
+            spec.label_token_ids
+        )),
+        Ok(_) => {}
+    }
+}
+
+/// `thresholds.json` against contracts section 4.
+pub fn check_thresholds(path: &Path) -> Result<()> {
+    let j = read_json(path)?;
+    match j.get("schema").and_then(Value::as_str) {
+        Some("decision-thresholds/1") => {}
+        other => anyhow::bail!("schema is {other:?}, expected \"decision-thresholds/1\""),
+    }
+    if j.get("fitted_at").and_then(Value::as_str).is_none() {
+        anyhow::bail!("field `fitted_at` is missing");
+    }
+    let points = j
+        .get("points")
+        .and_then(Value::as_object)
+        .context("field `points` is missing or not an object")?;
+    for (name, p) in points {
+        let status = p.get("status").and_then(Value::as_str).unwrap_or("");
+        let threshold = p
+            .get("threshold")
+            .with_context(|| format!("points.{name}: field `threshold` is missing"))?;
+        match (status, threshold) {
+            ("fitted", Value::Number(n)) if (0.0..=1.0).contains(&n.as_f64().unwrap_or(-1.0)) => {}
+            ("fitted", t) => {
+                anyhow::bail!("points.{name}: status fitted needs a threshold in [0, 1], got {t}")
+            }
+            ("insufficient-data" | "no-acceptable-bucket", Value::Null) => {}
+            ("insufficient-data" | "no-acceptable-bucket", t) => {
+                anyhow::bail!("points.{name}: status {status} must have a null threshold, got {t}")
+            }
+            (other, _) => anyhow::bail!(
+                "points.{name}: status {other:?} is not one of fitted, insufficient-data, no-acceptable-bucket"
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn check_onnx(dir: &Path, o: &bundle::OnnxFacts, m: &Manifest) -> Result<()> {
+    let model = onnx::read_model(&dir.join(&o.file))?;
+    let opset = onnx::model_opset(&model);
+    if opset != Some(o.opset) {
+        anyhow::bail!("imports opset {opset:?}, the manifest says {}", o.opset);
+    }
+    let graph = model.graph.context("no graph")?;
+    let signature = |vi: &onnx::pb::ValueInfoProto| -> (String, i32, usize) {
+        match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(onnx::pb::type_proto::Value::TensorType(t)) => (
+                vi.name.clone(),
+                t.elem_type,
+                t.shape.as_ref().map_or(0, |s| s.dim.len()),
+            ),
+            None => (vi.name.clone(), 0, 0),
+        }
+    };
+    let (i64_t, f32_t) = (
+        onnx::pb::tensor_proto::DataType::Int64 as i32,
+        onnx::pb::tensor_proto::DataType::Float as i32,
+    );
+    let want_in = [
+        ("input_ids", i64_t),
+        ("attention_mask", i64_t),
+        ("option_token_ids", i64_t),
+    ];
+    let want_out = [("option_logits", f32_t), ("option_probs", f32_t)];
+    let got_in: Vec<_> = graph.input.iter().map(signature).collect();
+    let got_out: Vec<_> = graph.output.iter().map(signature).collect();
+    let want = |w: &[(&str, i32)]| -> Vec<(String, i32, usize)> {
+        w.iter().map(|(n, t)| (n.to_string(), *t, 2)).collect()
+    };
+    if got_in != want(&want_in) || got_out != want(&want_out) {
+        anyhow::bail!(
+            "interface {got_in:?} -> {got_out:?} is not the contract's (input_ids, attention_mask, option_token_ids: int64 \
+             [batch, seq|options] -> option_logits, option_probs: float [batch, options])"
+        );
+    }
+    let mut parameters = 0u64;
+    for t in &graph.initializer {
+        if !t.name.starts_with("const/") {
+            parameters += t.dims.iter().product::<i64>().max(0) as u64;
+        }
+        if t.data_location == onnx::pb::tensor_proto::DataLocation::External as i32 {
+            let get = |k: &str| {
+                t.external_data
+                    .iter()
+                    .find(|e| e.key == k)
+                    .map(|e| e.value.as_str())
+            };
+            let location = get("location")
+                .with_context(|| format!("tensor {} has no external location", t.name))?;
+            if o.external_data.as_deref() != Some(location) {
+                anyhow::bail!(
+                    "tensor {} lives in {location:?}, not the manifest's external data file",
+                    t.name
+                );
+            }
+            let size = std::fs::metadata(dir.join(location))
+                .with_context(|| format!("{location} is missing"))?
+                .len();
+            let offset: u64 = get("offset")
+                .unwrap_or("0")
+                .parse()
+                .context("external offset")?;
+            let length: u64 = get("length")
+                .context("external length")?
+                .parse()
+                .context("external length")?;
+            if offset + length > size {
+                anyhow::bail!(
+                    "tensor {} reads {location} up to byte {}, the file has {size}",
+                    t.name,
+                    offset + length
+                );
+            }
+        }
+    }
+    if parameters != m.model.parameters {
+        anyhow::bail!(
+            "holds {parameters} weight parameters, the manifest says {}",
+            m.model.parameters
+        );
+    }
+    Ok(())
+}
+
+fn check_verifications(m: &Manifest, v: &mut Verdict) {
+    let mut model_files = Vec::new();
+    if let Some(o) = &m.formats.onnx {
+        model_files.push(o.file.clone());
+    }
+    if let Some(c) = &m.formats.coreml
+        && let Some(f) = c.get("file").and_then(Value::as_str)
+    {
+        model_files.push(f.to_string());
+    }
+    for entry in &m.verified_with {
+        if entry.get("passed").and_then(Value::as_bool) != Some(true) {
+            v.problems.push(format!(
+                "manifest.json: verified_with holds a check that did not pass: {entry}"
+            ));
+        }
+    }
+    for f in model_files {
+        let checked = m.verified_with.iter().any(|e| {
+            e.get("check").and_then(Value::as_str) == Some("parity")
+                && e.get("file").and_then(Value::as_str) == Some(f.as_str())
+                && e.get("passed").and_then(Value::as_bool) == Some(true)
+        });
+        if !checked {
+            v.problems.push(format!(
+                "{f}: no passed parity check in manifest.json's verified_with"
+            ));
+        }
+    }
+}
