@@ -136,15 +136,15 @@ pub(crate) enum Intent {
 }
 
 pub(crate) const INTENTS: &[(Intent, u32)] = &[
-    (Intent::CancelOrder, 30),
-    (Intent::ChangeAddress, 20),
-    (Intent::RefundDamaged, 8),
-    (Intent::RefundMissing, 7),
+    (Intent::CancelOrder, 32),
+    (Intent::ChangeAddress, 22),
+    (Intent::RefundDamaged, 7),
+    (Intent::RefundMissing, 6),
     (Intent::ReturnItem, 9),
     (Intent::WhereIsOrder, 9),
     (Intent::CancelSubscription, 7),
-    (Intent::ExchangeItem, 5),
-    (Intent::UpdatePayment, 5),
+    (Intent::ExchangeItem, 4),
+    (Intent::UpdatePayment, 4),
 ];
 
 impl Intent {

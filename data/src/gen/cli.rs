@@ -37,7 +37,7 @@ pub struct GenStatesArgs {
     /// Rules version the answer key follows: v1 or v2.
     #[arg(long, value_name = "VERSION")]
     pub rules: RulesVersion,
-    /// Number of tasks (episodes); each gives about nine states.
+    /// Number of tasks (episodes); each gives six to seven states on average.
     #[arg(long, default_value_t = 2000, value_name = "N")]
     pub tasks: usize,
     /// Seed: the same seed gives the same tasks (and the same bytes) for either version.

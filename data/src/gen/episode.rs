@@ -24,7 +24,7 @@ use super::teacher::{TeacherView, teacher_probs};
 use crate::state::Candidate;
 
 /// Chance that a task carries an injected mistake, and that it carries a second one.
-const P_MISTAKE: f64 = 0.42;
+const P_MISTAKE: f64 = 0.39;
 const P_SECOND_MISTAKE: f64 = 0.25;
 /// The teacher's chance of ranking the answer first outside its wrong slice, per point; lower
 /// after an error, where the history is confusing.
@@ -131,8 +131,8 @@ pub(crate) fn sample_task(rng: &mut ChaCha8Rng) -> Task {
         .collect();
     let target = rng.random_range(0..count);
     orders[target].status = match intent {
-        Intent::CancelOrder => random_status(rng, [20, 65, 15]),
-        Intent::ChangeAddress => random_status(rng, [25, 60, 15]),
+        Intent::CancelOrder => random_status(rng, [15, 70, 15]),
+        Intent::ChangeAddress => random_status(rng, [20, 65, 15]),
         Intent::WhereIsOrder => random_status(rng, [30, 50, 20]),
         Intent::RefundMissing => Status::Shipped {
             hours: pick(rng, &[30, 48, 72]),

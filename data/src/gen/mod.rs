@@ -187,15 +187,23 @@ pub fn generate(opts: &GenOptions) -> Result<Vec<State>> {
     Ok(generate_iter(opts)?.map(|g| g.state).collect())
 }
 
-/// For a state this generator made (read back from a file), whether the changed rule touches
-/// it, found by replaying its task. `None` when the state is not one of ours (unknown task id or
-/// rules tag, or a context that does not match the replay).
-pub fn touched_by_rule_change(state: &State) -> Option<bool> {
+/// For a state this generator made (read back from a file), the same state with its
+/// annotations (the answer under each rules version), found by replaying its task. `None` when
+/// the state is not one of ours: an unknown task id or rules tag, or a context that does not
+/// match the replay.
+pub fn replay(state: &State) -> Option<Generated> {
     let (seed, index) = parse_task_id(&state.task_id)?;
     let rules: RulesVersion = state.rules.as_deref()?.parse().ok()?;
-    let replay = task_states(rules, seed, index, "train");
-    let found = replay.iter().find(|g| g.state.id == state.id)?;
-    (found.state.context == state.context).then(|| found.touched())
+    let split = state.split.as_deref().unwrap_or("train");
+    let found = task_states(rules, seed, index, split)
+        .into_iter()
+        .find(|g| g.state.id == state.id)?;
+    (found.state.context == state.context).then_some(found)
+}
+
+/// Whether the changed rule touches a state this generator made (see [`replay`]).
+pub fn touched_by_rule_change(state: &State) -> Option<bool> {
+    replay(state).map(|g| g.touched())
 }
 
 /// The changed rule in one line per version, for reports.

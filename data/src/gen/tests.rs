@@ -271,6 +271,7 @@ fn touched_is_recovered_from_a_state_alone() {
             "{}",
             g.state.id
         );
+        assert_eq!(replay(&g.state).as_ref(), Some(g));
     }
     let mut foreign = v2[0].state.clone();
     foreign.context.push_str(" tool finish -> ok .");
