@@ -1,5 +1,6 @@
 //! `decision gen states`: arguments and what the command does.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -86,28 +87,33 @@ pub fn run(args: GenStatesArgs) -> Result<ExitCode> {
         .iter()
         .map(|(p, n)| format!("{p} {n} ({:.1}%)", share(*n)))
         .collect();
-    println!(
+    // writeln! rather than println!: a closed pipe is an error to report, not a panic.
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "wrote {rows} states of {} tasks (rules {}, seed {}) to {}",
         opts.tasks,
         opts.rules,
         opts.seed,
         args.out.display()
-    );
-    println!("  points: {}", by_point.join(", "));
-    println!(
+    )?;
+    writeln!(out, "  points: {}", by_point.join(", "))?;
+    writeln!(
+        out,
         "  after an error: {after_error} ({:.1}%)",
         share(after_error)
-    );
+    )?;
     let other = match opts.rules {
         RulesVersion::V1 => "v2",
         RulesVersion::V2 => "v1",
     };
-    println!(
+    writeln!(
+        out,
         "  answered differently under {other} (the changed rule): {touched} ({:.1}%)",
         share(touched)
-    );
+    )?;
     for (version, rule) in changed_rule() {
-        println!("  {version}: {rule}");
+        writeln!(out, "  {version}: {rule}")?;
     }
     Ok(ExitCode::SUCCESS)
 }
