@@ -292,6 +292,12 @@ impl Walker<'_> {
         if let Some(i) = index_of(other).filter(|&i| i != answer_at) {
             plausible.push(i);
         }
+        if point == Point::Args {
+            // A wrong pick of an order id is one the context shows, not a random one.
+            for &num in &self.seen {
+                plausible.extend(index_of(&order_id(num)).filter(|&i| i != answer_at));
+            }
+        }
         if point == Point::Stop {
             let opposite = if answer == FINISH { CONTINUE } else { FINISH };
             plausible.extend(index_of(opposite));
