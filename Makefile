@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint bench-fit bench-train
+.PHONY: all build demo test bench lint bench-fit bench-train bench-export
 
 all: test
 
@@ -28,7 +28,7 @@ test:
 	$(CARGO) test --workspace
 
 ## bench: speed figures, side by side with the reference implementations
-bench: build bench-fit bench-train
+bench: build bench-fit bench-train bench-export
 
 ## lint: formatting and clippy with warnings denied
 lint:
@@ -46,3 +46,16 @@ bench-fit: build
 bench-train: build
 	$(BIN) gen states --rules v1 --tasks 300 --seed 3 --out bench-out/train-states.parquet
 	$(FIT_PYTHON) scripts/bench_train.py --decision $(BIN) --states bench-out/train-states.parquet --out bench-out/train --steps 30
+
+## bench-export: onnxruntime latency (batch 1, p50/p95) of our model.onnx against torch.onnx.export
+## of the same weights (a small random Qwen3), plus the reference checks of exported bundles
+## (onnx.checker full_check, onnxruntime, peft); needs scripts/requirements-export.txt
+EXPORT_OUT := bench-out/export
+bench-export: build
+	$(FIT_PYTHON) scripts/bench_onnx.py make-model $(EXPORT_OUT)/small-qwen3
+	$(BIN) export --model $(EXPORT_OUT)/small-qwen3 --formats onnx --out $(EXPORT_OUT)/bundle --force
+	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/bundle --base $(EXPORT_OUT)/small-qwen3
+	$(FIT_PYTHON) scripts/bench_onnx.py compare $(EXPORT_OUT)/bundle $(EXPORT_OUT)/small-qwen3 --workdir $(EXPORT_OUT)
+	$(BIN) export --model tests/fixtures/export/tiny --adapter tests/fixtures/export/tiny-lora --formats onnx,peft \
+		--dtype f16 --opset 23 --external-data --out $(EXPORT_OUT)/lora-bundle --force
+	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/lora-bundle --base tests/fixtures/export/tiny

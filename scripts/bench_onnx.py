@@ -8,8 +8,8 @@ same weights (run by `make bench`, never in CI).
 
 `compare` exports MODEL_DIR with torch.onnx.export (transformers' Qwen3ForCausalLM, eager
 attention, only the last position's logits: `logits_to_keep=1`), then times both files in
-onnxruntime on the CPU, batch 1, the same prompts (token ids from the bundle's tokenizer), one
-after the other in this one process: p50 and p95 per call, and the ratio ours / theirs.
+onnxruntime on the CPU, batch 1, the same prompts (token ids from the bundle's tokenizer),
+alternating call by call in this one process: p50 and p95 per call, and the ratio ours / theirs.
 Our file returns the label logits and probabilities; the HF file returns the last position's
 logits over the whole vocabulary (the label gather and softmax happen outside it).
 Requirements: scripts/requirements-export.txt
@@ -66,16 +66,20 @@ class LastLogits(torch.nn.Module):
         return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1).logits
 
 
-def timed(session, feeds, runs):
-    for f in feeds:  # warm-up
-        session.run(None, f)
-    times = []
-    for _ in range(runs):
-        for f in feeds:
-            t = time.perf_counter()
+def timed(sessions, feeds, runs):
+    """p50 and p95 (ms) per session. Calls alternate between the sessions, prompt by prompt, so
+    a change in machine load hits both alike."""
+    for session, fs in zip(sessions, feeds):  # warm-up
+        for f in fs:
             session.run(None, f)
-            times.append((time.perf_counter() - t) * 1e3)
-    return np.percentile(times, 50), np.percentile(times, 95)
+    times = [[] for _ in sessions]
+    for _ in range(runs):
+        for i in range(len(feeds[0])):
+            for k, session in enumerate(sessions):
+                t = time.perf_counter()
+                session.run(None, feeds[k][i])
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return [(np.percentile(t, 50), np.percentile(t, 95)) for t in times]
 
 
 def compare(bundle, model_dir, runs, workdir):
@@ -112,8 +116,7 @@ def compare(bundle, model_dir, runs, workdir):
         logits = theirs.run(None, tf)[0][0, -1][labels[:4]] / manifest["model"]["temperature"]
         p = np.exp(logits - logits.max())
         worst = max(worst, float(np.abs(ours_p - p / p.sum()).max()))
-    o50, o95 = timed(ours, our_feeds, runs)
-    t50, t95 = timed(theirs, their_feeds, runs)
+    (o50, o95), (t50, t95) = timed([ours, theirs], [our_feeds, their_feeds], runs)
     params = manifest["model"]["parameters"]
     print(f"onnxruntime {ort.__version__}, CPU, {opts.intra_op_num_threads} threads, batch 1, "
           f"{len(prompts)} prompts of {[len(p) for p in prompts]} tokens, {runs} rounds, {params / 1e6:.1f}M parameters")
