@@ -12,7 +12,7 @@ use crate::bundle::{
 };
 use crate::graph::{DType, GraphOptions, build_qwen3};
 use crate::onnx::{self, OnnxOptions};
-use crate::parity::{self, TractModel};
+use crate::parity::{self, Recorded, TractModel};
 use crate::source::{BurnScorer, Origin, Source};
 use crate::verify;
 
@@ -187,9 +187,32 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
     // The harness truncates to what the model can take.
     spec.max_tokens = source.model.prompter.max_tokens;
     let temperature = spec.temperature;
+    // The reference's answers first; then its weights are freed before any model file is
+    // loaded, so peak memory is one model, not two.
+    let batches = source.batches(8)?;
+    let reference = Recorded::record(
+        &BurnScorer {
+            model: &source.model,
+            temperature,
+            label: source.reference.clone(),
+        },
+        &batches,
+    )?;
+    let Source {
+        model_dir,
+        base,
+        config,
+        config_json,
+        model,
+        weights,
+        adapter,
+        samples_from,
+        ..
+    } = source;
+    drop(model);
     let graph = build_qwen3(
-        &source.config,
-        source.weights.clone(),
+        &config,
+        weights,
         GraphOptions {
             dtype,
             temperature: temperature as f32,
@@ -199,7 +222,7 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
     let staging = Staging::new(&args.out, args.force)?;
     let dir = staging.path().to_path_buf();
     decision_data::atomic::write_json_atomic(dir.join(bundle::DECISION), &spec)?;
-    let tok_src = source.model_dir.join(bundle::TOKENIZER);
+    let tok_src = model_dir.join(bundle::TOKENIZER);
     std::fs::copy(&tok_src, dir.join(bundle::TOKENIZER))
         .with_context(|| format!("copying {}", tok_src.display()))?;
     if let Some(t) = &args.thresholds {
@@ -219,13 +242,7 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
             },
             &dir,
         )?;
-        let batches = source.batches(8)?;
         let candidate = TractModel::load(&files.model)?;
-        let reference = BurnScorer {
-            model: &source.model,
-            temperature,
-            label: source.reference.clone(),
-        };
         let report = parity::compare(onnx::MODEL_FILE, &candidate, &reference, &batches, dtype)?;
         report.ensure()?;
         lines.push(format!(
@@ -233,14 +250,14 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
             report.runtime,
             report.reference,
             report.samples,
-            source.samples_from,
+            samples_from,
             report.max_abs_dp,
             report.tolerance,
             if report.near_ties > 0 { format!(" ({} near-ties)", report.near_ties) } else { String::new() }
         ));
         let mut entry = serde_json::to_value(&report)?;
         entry["check"] = json!("parity");
-        entry["samples_from"] = json!(source.samples_from);
+        entry["samples_from"] = json!(samples_from);
         verified.push(entry);
         lines.insert(
             0,
@@ -261,7 +278,7 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
             opset: args.opset,
         });
     }
-    if let Some(adapter) = &source.adapter
+    if let Some(adapter) = &adapter
         && has(Format::Peft)
     {
         adapter.write_peft(&dir.join(bundle::ADAPTER_DIR))?;
@@ -289,14 +306,10 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
         producer: format!("decision-export {}", env!("CARGO_PKG_VERSION")),
         model: ModelFacts {
             architecture: graph.facts().architecture.into(),
-            base: source.base.clone(),
-            adapter: source.adapter.as_ref().map(|a| AdapterFacts {
+            base: base.clone(),
+            adapter: adapter.as_ref().map(|a| AdapterFacts {
                 source: match &origin {
-                    Origin::Run(_) => source
-                        .model_dir
-                        .join(bundle::ADAPTER_DIR)
-                        .display()
-                        .to_string(),
+                    Origin::Run(_) => model_dir.join(bundle::ADAPTER_DIR).display().to_string(),
                     Origin::Model { adapter, .. } => adapter
                         .as_ref()
                         .map(|p| p.display().to_string())
@@ -310,7 +323,7 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
             parameters: graph.parameter_count(),
             dtype: dtype.name().into(),
             temperature,
-            config: source.config_json.clone(),
+            config: config_json.clone(),
         },
         points,
         formats,

@@ -73,6 +73,47 @@ pub trait Scorer {
     fn score(&self, batch: &Batch) -> Result<Scores>;
 }
 
+/// Another scorer's answers, recorded once and replayed by batch: lets the exporter free the
+/// reference model before the exported one is loaded, so the two never share memory.
+pub struct Recorded {
+    label: String,
+    answers: Vec<(Batch, Scores)>,
+}
+
+impl Recorded {
+    pub fn record(scorer: &dyn Scorer, batches: &[Batch]) -> Result<Self> {
+        let bar = crate::progress::bar(batches.len() as u64, "scoring samples with the reference");
+        let answers = batches
+            .iter()
+            .map(|b| {
+                let s = scorer.score(b);
+                bar.inc(1);
+                s.map(|s| (b.clone(), s))
+            })
+            .collect::<Result<_>>()
+            .context("running the reference")?;
+        bar.finish_and_clear();
+        Ok(Self {
+            label: scorer.describe(),
+            answers,
+        })
+    }
+}
+
+impl Scorer for Recorded {
+    fn describe(&self) -> String {
+        self.label.clone()
+    }
+
+    fn score(&self, batch: &Batch) -> Result<Scores> {
+        self.answers
+            .iter()
+            .find(|(b, _)| b == batch)
+            .map(|(_, s)| s.clone())
+            .context("the reference has no recorded answer for this batch")
+    }
+}
+
 /// An ONNX file loaded into tract, optimised once, run on any batch shape.
 pub struct TractModel {
     plan: Arc<TypedRunnableModel>,
