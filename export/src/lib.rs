@@ -5,6 +5,7 @@
 pub mod bundle;
 pub mod cli;
 pub mod config;
+pub mod coreml;
 pub mod graph;
 pub mod lora;
 pub mod onnx;

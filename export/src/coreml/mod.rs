@@ -1,0 +1,433 @@
+//! The Core ML writer: lowers the [graph description](crate::graph) to an ML Program and writes
+//! `model.mlpackage` for Core ML on macOS 15 / iOS 18 and later.
+//!
+//! - `Data/com.apple.CoreML/model.mlmodel`: a `Model` protobuf, `specificationVersion` 9, type
+//!   `mlProgram` (field 502): program version 1, one function `main`, opset `CoreML8`. The message
+//!   types come from `proto/coreml/*.proto` (our own subset of Apple's spec) via `prost`.
+//! - `Data/com.apple.CoreML/weights/weight.bin`: the weights in MIL blob storage ([`blob`]).
+//! - `Manifest.json` ([`package`]).
+//!
+//! Interface (contracts section 5, batch 1): `input_ids`, `attention_mask` int32 `[1, seq]`
+//! (left-padded; `seq` a range `1..=max_seq`), `option_token_ids` int32 `[1, options]` (`options` a
+//! range `1..=max_options`) → `option_logits`, `option_probs` fp32 `[1, options]`, the temperature
+//! applied. Weights fp16 (the Core ML default) or fp32, as the graph stores them.
+//!
+//! Nothing here runs Core ML (it exists only on Apple platforms). [`verify_package`] re-reads a
+//! package and checks its structure in Rust; [`check`] runs `scripts/check_coreml.py`, which
+//! rebuilds the program with coremltools and evaluates it, when Python with coremltools is there.
+
+pub mod blob;
+pub mod check;
+mod lower;
+pub mod package;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use decision_data::atomic::{AtomicFile, write_atomic};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use crate::graph::{DType, Graph};
+use crate::progress;
+pub use lower::{OPSET, WEIGHTS_PATH};
+use package::Layout;
+pub use package::PACKAGE_DIR;
+
+/// The generated Core ML message types (`CoreML.Specification`, and `MILSpec` inside it).
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/core_ml.specification.rs"));
+    /// `CoreML.Specification.MILSpec`: the ML Program.
+    pub mod mil_spec {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/core_ml.specification.mil_spec.rs"
+        ));
+    }
+}
+
+use pb::mil_spec as mil;
+
+/// Core ML specification version 9: iOS 18 / macOS 15 (the first with `scaled_dot_product_attention`).
+pub const SPECIFICATION_VERSION: i32 = 9;
+/// The ML Program version.
+pub const PROGRAM_VERSION: i64 = 1;
+/// The program's one function.
+pub const FUNCTION: &str = "main";
+
+/// The interface's shape ranges (batch is always 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoremlOptions {
+    /// Upper bound of the sequence length (`decision.json`'s `max_tokens`, or the model's context).
+    pub max_seq: usize,
+    /// Upper bound of the option count (`decision.json`'s `max_options`).
+    pub max_options: usize,
+}
+
+impl CoremlOptions {
+    /// The model's full context and 26 options (the A–Z labels), for a graph with no decision spec.
+    pub fn for_graph(graph: &Graph) -> Self {
+        Self {
+            max_seq: graph.facts().config.max_position_embeddings.max(1),
+            max_options: 26,
+        }
+    }
+}
+
+/// Facts about `model.mlpackage` for the bundle manifest (`formats.coreml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoremlFacts {
+    pub file: String,
+    pub specification_version: i32,
+    pub opset: String,
+    /// The oldest OS that loads it.
+    pub minimum_deployment: String,
+    /// Storage and compute type of the weights (`f16`, `f32`); norms, attention probabilities and
+    /// the option logits are fp32 either way.
+    pub dtype: String,
+    pub batch: usize,
+    pub max_seq: usize,
+    pub max_options: usize,
+    pub operations: usize,
+    pub weight_blobs: usize,
+}
+
+/// What [`write_coreml`] wrote.
+#[derive(Debug, Clone)]
+pub struct CoremlFiles {
+    /// The `model.mlpackage` folder.
+    pub package: PathBuf,
+    pub facts: CoremlFacts,
+}
+
+fn array_type(dtype: pb::array_feature_type::ArrayDataType) -> pb::ArrayFeatureType {
+    pb::ArrayFeatureType {
+        data_type: dtype as i32,
+        ..Default::default()
+    }
+}
+
+fn feature(name: &str, doc: &str, array: pb::ArrayFeatureType) -> pb::FeatureDescription {
+    pb::FeatureDescription {
+        name: name.into(),
+        short_description: doc.into(),
+        r#type: Some(pb::FeatureType {
+            r#type: Some(pb::feature_type::Type::MultiArrayType(array)),
+            is_optional: false,
+        }),
+    }
+}
+
+/// An int32 input `[1, n]` with `n` in `1..=max` (default `default`).
+fn ranged_input(name: &str, doc: &str, default: usize, max: usize) -> pb::FeatureDescription {
+    use pb::array_feature_type::{ArrayDataType, ShapeFlexibility, ShapeRange};
+    let mut array = array_type(ArrayDataType::Int32);
+    array.shape = vec![1, default.clamp(1, max) as i64];
+    array.shape_flexibility = Some(ShapeFlexibility::ShapeRange(ShapeRange {
+        size_ranges: vec![
+            pb::SizeRange {
+                lower_bound: 1,
+                upper_bound: 1,
+            },
+            pb::SizeRange {
+                lower_bound: 1,
+                upper_bound: max as i64,
+            },
+        ],
+    }));
+    feature(name, doc, array)
+}
+
+fn input_doc(name: &str) -> &'static str {
+    match name {
+        "input_ids" => "Prompt token ids, left-padded: the last position is the answer slot",
+        "attention_mask" => "1 for prompt tokens, 0 for left padding",
+        "option_token_ids" => "Token ids of the offered options' labels, in order",
+        _ => "",
+    }
+}
+
+fn output_doc(name: &str) -> &'static str {
+    match name {
+        "option_logits" => "Label logits of the offered options, divided by the temperature",
+        "option_probs" => "softmax(option_logits): one probability per offered option",
+        _ => "",
+    }
+}
+
+fn description(graph: &Graph, opts: CoremlOptions) -> Result<pb::ModelDescription> {
+    let mut input = Vec::new();
+    for (name, _) in graph.inputs() {
+        let (default, max) = if name == "option_token_ids" {
+            (2, opts.max_options)
+        } else {
+            (opts.max_seq.min(64), opts.max_seq)
+        };
+        input.push(ranged_input(name, input_doc(name), default, max));
+    }
+    let mut output = Vec::new();
+    for (name, id) in graph.outputs() {
+        if graph.value(*id).dtype != DType::F32 {
+            bail!("output `{name}` is not f32; Core ML outputs here are fp32");
+        }
+        output.push(feature(
+            name,
+            output_doc(name),
+            array_type(pb::array_feature_type::ArrayDataType::Float32),
+        ));
+    }
+    let facts = graph.facts();
+    let user_defined: BTreeMap<String, String> = [
+        ("architecture", facts.architecture.to_string()),
+        ("dtype", facts.dtype.name().to_string()),
+        ("temperature", facts.temperature.to_string()),
+        (
+            "producer",
+            format!("decision-export {}", env!("CARGO_PKG_VERSION")),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Ok(pb::ModelDescription {
+        input,
+        output,
+        metadata: Some(pb::Metadata {
+            short_description: format!(
+                "Decision model ({}): option probabilities for a left-padded prompt",
+                facts.architecture
+            ),
+            version_string: env!("CARGO_PKG_VERSION").into(),
+            author: "decision-export".into(),
+            license: String::new(),
+            user_defined,
+        }),
+    })
+}
+
+/// Lower `graph` into a `Model` message and the layout of its weight file.
+fn build(graph: &Graph, opts: CoremlOptions) -> Result<(pb::Model, blob::BlobPlan, usize)> {
+    if opts.max_seq == 0 || opts.max_options == 0 {
+        bail!("the Core ML interface needs max_seq and max_options of at least 1");
+    }
+    let lowered = lower::lower(graph)?;
+    let op_count = lowered
+        .operations
+        .iter()
+        .filter(|o| o.r#type != "const")
+        .count();
+    let function = mil::Function {
+        inputs: lowered
+            .inputs
+            .iter()
+            .map(|v| mil::NamedValueType {
+                name: v.name.clone(),
+                r#type: Some(lower::value_type(&v.ty)),
+            })
+            .collect(),
+        opset: OPSET.into(),
+        block_specializations: [(
+            OPSET.to_string(),
+            mil::Block {
+                outputs: lowered.outputs.iter().map(|v| v.name.clone()).collect(),
+                operations: lowered.operations,
+            },
+        )]
+        .into(),
+    };
+    let program = mil::Program {
+        version: PROGRAM_VERSION,
+        functions: [(FUNCTION.to_string(), function)].into(),
+    };
+    let model = pb::Model {
+        specification_version: SPECIFICATION_VERSION,
+        description: Some(description(graph, opts)?),
+        r#type: Some(pb::model::Type::MlProgram(program)),
+    };
+    Ok((model, lowered.plan, op_count))
+}
+
+/// Lower `graph` and write `dir/model.mlpackage`. The package is assembled in a hidden sibling
+/// folder and renamed into place (replacing an older one), so a reader never sees half of it.
+pub fn write_coreml(graph: &Graph, opts: CoremlOptions, dir: &Path) -> Result<CoremlFiles> {
+    let (model, plan, op_count) = build(graph, opts)?;
+    let final_path = dir.join(PACKAGE_DIR);
+    let tmp = dir.join(format!(".{PACKAGE_DIR}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("removing stale {}", tmp.display()))?;
+    }
+    let layout = Layout::new(&tmp);
+    std::fs::create_dir_all(layout.weights_dir())
+        .with_context(|| format!("creating {}", layout.weights_dir().display()))?;
+    let result = (|| -> Result<()> {
+        let weights = layout.weights();
+        let mut f = AtomicFile::create(&weights)?;
+        let bar = progress::bar(plan.blobs().len() as u64, "writing Core ML weights");
+        blob::write_blobs(&plan, graph, &mut f, &mut || bar.inc(1))
+            .with_context(|| format!("writing {}", weights.display()))?;
+        bar.finish_and_clear();
+        f.flush()?;
+        f.commit()?;
+        let bytes = model.encode_to_vec();
+        write_atomic(layout.model(), &bytes)?;
+        let manifest = serde_json::to_vec_pretty(&package::manifest(&bytes))?;
+        write_atomic(layout.manifest(), &manifest)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if final_path.exists() {
+        let old = dir.join(format!(".{PACKAGE_DIR}.old-{}", std::process::id()));
+        std::fs::rename(&final_path, &old)
+            .with_context(|| format!("moving the old {} aside", final_path.display()))?;
+        std::fs::rename(&tmp, &final_path)
+            .with_context(|| format!("publishing {}", final_path.display()))?;
+        std::fs::remove_dir_all(&old)
+            .with_context(|| format!("removing the old package {}", old.display()))?;
+    } else {
+        std::fs::rename(&tmp, &final_path)
+            .with_context(|| format!("publishing {}", final_path.display()))?;
+    }
+    decision_data::atomic::sync_dir(dir);
+    Ok(CoremlFiles {
+        package: final_path,
+        facts: CoremlFacts {
+            file: PACKAGE_DIR.into(),
+            specification_version: SPECIFICATION_VERSION,
+            opset: OPSET.into(),
+            minimum_deployment: "macOS 15 / iOS 18".into(),
+            dtype: graph.facts().dtype.name().into(),
+            batch: 1,
+            max_seq: opts.max_seq,
+            max_options: opts.max_options,
+            operations: op_count,
+            weight_blobs: plan.blobs().len(),
+        },
+    })
+}
+
+/// Read the `Model` message of a package.
+pub fn read_model(package: &Path) -> Result<pb::Model> {
+    let item = package::read_manifest(package)?;
+    let path = package.join("Data").join(item);
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    pb::Model::decode(bytes.as_slice())
+        .with_context(|| format!("{}: not a Core ML model", path.display()))
+}
+
+/// What [`verify_package`] found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PackageSummary {
+    pub operations: usize,
+    pub weight_blobs: usize,
+    pub weight_bytes: u64,
+}
+
+/// Re-read a package and check its structure: the manifest, specification version, program
+/// version, function and opset, and that every `blobFileValue` points at an aligned metadata
+/// record with the right sentinel, dtype and size, covering exactly the blobs the header counts.
+pub fn verify_package(package: &Path) -> Result<PackageSummary> {
+    let model = read_model(package)?;
+    let at = package.display();
+    if model.specification_version != SPECIFICATION_VERSION {
+        bail!(
+            "{at}: specificationVersion {}, expected {SPECIFICATION_VERSION}",
+            model.specification_version
+        );
+    }
+    let Some(pb::model::Type::MlProgram(program)) = &model.r#type else {
+        bail!("{at}: the model is not an ML Program");
+    };
+    if program.version != PROGRAM_VERSION {
+        bail!(
+            "{at}: program version {}, expected {PROGRAM_VERSION}",
+            program.version
+        );
+    }
+    let function = program
+        .functions
+        .get(FUNCTION)
+        .with_context(|| format!("{at}: no function `{FUNCTION}`"))?;
+    if function.opset != OPSET {
+        bail!("{at}: opset {}, expected {OPSET}", function.opset);
+    }
+    let block = function
+        .block_specializations
+        .get(OPSET)
+        .with_context(|| format!("{at}: no block for opset {OPSET}"))?;
+    let weights_path = Layout::new(package).weights();
+    let file = std::fs::read(&weights_path)
+        .with_context(|| format!("reading {}", weights_path.display()))?;
+    let count = blob::read_header(&file).with_context(|| weights_path.display().to_string())?;
+    let mut seen = BTreeSet::new();
+    let mut bytes = 0;
+    for op in &block.operations {
+        for value in op.attributes.values() {
+            let Some(mil::value::Value::BlobFileValue(b)) = &value.value else {
+                continue;
+            };
+            let name = op.outputs.first().map(|o| o.name.as_str()).unwrap_or("?");
+            if b.file_name != WEIGHTS_PATH {
+                bail!(
+                    "{at}: const `{name}` reads {}, expected {WEIGHTS_PATH}",
+                    b.file_name
+                );
+            }
+            let record = blob::read_record(&file, b.offset)
+                .with_context(|| format!("{}: const `{name}`", weights_path.display()))?;
+            let Some(mil::value_type::Type::TensorType(t)) =
+                value.r#type.as_ref().and_then(|t| t.r#type.as_ref())
+            else {
+                bail!("{at}: const `{name}` has no tensor type");
+            };
+            let (code, size) = match mil::DataType::try_from(t.data_type) {
+                Ok(mil::DataType::Float16) => (1, 2),
+                Ok(mil::DataType::Float32) => (2, 4),
+                _ => bail!("{at}: const `{name}`: blob of an unsupported element type"),
+            };
+            let mut numel = 1u64;
+            for d in &t.dimensions {
+                match d.dimension {
+                    Some(mil::dimension::Dimension::Constant(c)) => numel *= c.size,
+                    _ => bail!("{at}: const `{name}` has a dimension of unknown size"),
+                }
+            }
+            if record.dtype_code != code || record.bytes != numel * size {
+                bail!(
+                    "{}: const `{name}` at offset {}: the record says dtype {} and {} bytes, the \
+                     program says dtype {code} and {} bytes",
+                    weights_path.display(),
+                    b.offset,
+                    record.dtype_code,
+                    record.bytes,
+                    numel * size
+                );
+            }
+            if seen.insert(b.offset) {
+                bytes += record.bytes;
+            }
+        }
+    }
+    if seen.len() != count as usize {
+        bail!(
+            "{}: the header counts {count} blobs, the program reads {}",
+            weights_path.display(),
+            seen.len()
+        );
+    }
+    Ok(PackageSummary {
+        operations: block
+            .operations
+            .iter()
+            .filter(|o| o.r#type != "const")
+            .count(),
+        weight_blobs: seen.len(),
+        weight_bytes: bytes,
+    })
+}
