@@ -84,9 +84,9 @@ pub struct OnnxFacts {
 pub struct Formats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onnx: Option<OnnxFacts>,
-    /// Written by the Core ML writer (free-form until it lands).
+    /// `model.mlpackage` details (its weights may be stored as f16 while model.onnx's are f32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coreml: Option<serde_json::Value>,
+    pub coreml: Option<crate::coreml::CoremlFacts>,
     /// The PEFT adapter folder, when included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peft: Option<String>,
@@ -107,8 +107,10 @@ pub struct Manifest {
     /// Every file of the bundle except the manifest itself.
     pub files: Vec<FileEntry>,
     /// The checks that ran before the manifest was written. Each entry has at least `check`
-    /// (e.g. `parity`), `file` and `passed`; parity entries also say what ran the file, what it
-    /// was compared with, on how many samples, the largest |Δp| and the tolerance.
+    /// (`parity`, or `structure` for model.mlpackage), `file` and `passed`; parity entries also say
+    /// what ran the file, what it was compared with, on how many samples, the largest |Δp| and the
+    /// tolerance. A check that could not run (the coremltools check without Python) is listed with
+    /// `ran: false` and its `reason`.
     pub verified_with: Vec<serde_json::Value>,
 }
 

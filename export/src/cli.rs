@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::bundle::{
     self, AdapterFacts, FileEntry, Formats, Manifest, ModelFacts, OnnxFacts, Staging,
 };
+use crate::coreml::{self, CoremlOptions, check as coreml_check};
 use crate::graph::{DType, GraphOptions, build_qwen3};
 use crate::onnx::{self, OnnxOptions};
 use crate::parity::{self, Recorded, TractModel};
@@ -38,12 +39,17 @@ pub enum WeightDtype {
   decision export --run runs/tiny-lora-v2 --formats onnx,peft --out demo-out/bundle
   decision export --model Qwen/Qwen3-0.6B --adapter my-lora --thresholds thresholds.json \\
       --formats onnx,peft --dtype f16 --check-data states.parquet --out bundle
+  DECISION_PYTHON=.ci/venv-coreml/bin/python \\
+      decision export --run runs/tiny-lora-v2 --formats onnx,coreml --out demo-out/bundle
 
 The model files apply decision.json's `temperature`; a harness that calibrates per decision
 point computes softmax(option_logits * temperature / temperatures[point]).
 Before manifest.json is written, each model file is run in-process on sample states and compared
 with the training-side forward pass (max |dp| <= 1e-4 for f32 weights, <= 2e-3 for f16, same
-picks); on failure nothing is published.")]
+picks); on failure nothing is published. model.onnx runs in tract. model.mlpackage (Core ML runs
+only on Apple platforms) is always checked for structure in Rust, and its option_probs are
+reproduced with coremltools (scripts/check_coreml.py) when $DECISION_PYTHON (else python3) imports
+coremltools; manifest.json's verified_with says which checks ran.")]
 pub struct ExportArgs {
     /// A run folder written by `decision train` (its final/ model, adapter and validation states)
     #[arg(long, conflicts_with = "model", required_unless_present = "model")]
@@ -64,9 +70,10 @@ pub struct ExportArgs {
     /// The bundle folder to create
     #[arg(long)]
     pub out: PathBuf,
-    /// Storage type of the model-file weights (norms stay f32)
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: WeightDtype,
+    /// Storage type of the model-file weights (norms stay f32) [default: f32 for ONNX, f16 for
+    /// Core ML]
+    #[arg(long, value_enum)]
+    pub dtype: Option<WeightDtype>,
     /// ONNX opset: 18 (decomposed standard ops) or 23 (RMSNormalization, RotaryEmbedding, Attention)
     #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(i64).range(18..=23))]
     pub opset: i64,
@@ -103,6 +110,9 @@ impl BundleCmd {
                     bail!("{}: not a folder", bundle.display());
                 }
                 let v = verify::verify(bundle);
+                for n in &v.notes {
+                    eprintln!("note: {n}");
+                }
                 if v.ok() {
                     println!(
                         "ok: {} verified ({} files)",
@@ -151,9 +161,6 @@ fn check_args(args: &ExportArgs) -> Result<()> {
     if args.formats.is_empty() {
         bail!("--formats lists nothing to write");
     }
-    if args.formats.contains(&Format::Coreml) {
-        bail!("--formats coreml: the Core ML writer is not part of this build yet");
-    }
     if let Some(t) = &args.thresholds {
         verify::check_thresholds(t).with_context(|| format!("--thresholds {}", t.display()))?;
     }
@@ -176,10 +183,17 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
     check_args(args)?;
     let origin = origin(args)?;
     let has = |f: Format| args.formats.contains(&f);
-    let dtype = match args.dtype {
+    let chosen = args.dtype.map(|d| match d {
         WeightDtype::F32 => DType::F32,
         WeightDtype::F16 => DType::F16,
-    };
+    });
+    // ONNX weights default to f32, Core ML's to f16 (the Core ML default); --dtype sets both.
+    let dtype = chosen.unwrap_or(if has(Format::Onnx) {
+        DType::F32
+    } else {
+        DType::F16
+    });
+    let coreml_dtype = chosen.unwrap_or(DType::F16);
     if has(Format::Peft) && source.adapter.is_none() {
         bail!("--formats peft needs a LoRA model: a LoRA run, or --model with --adapter");
     }
@@ -190,6 +204,7 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
     // The reference's answers first; then its weights are freed before any model file is
     // loaded, so peak memory is one model, not two.
     let batches = source.batches(8)?;
+    let pad_id = source.model.pad_id;
     let reference = Recorded::record(
         &BurnScorer {
             model: &source.model,
@@ -210,14 +225,17 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
         ..
     } = source;
     drop(model);
-    let graph = build_qwen3(
-        &config,
-        weights,
-        GraphOptions {
-            dtype,
-            temperature: temperature as f32,
-        },
-    )?;
+    let graph_of = |dtype: DType| {
+        build_qwen3(
+            &config,
+            weights.clone(),
+            GraphOptions {
+                dtype,
+                temperature: temperature as f32,
+            },
+        )
+    };
+    let graph = graph_of(dtype)?;
 
     let staging = Staging::new(&args.out, args.force)?;
     let dir = staging.path().to_path_buf();
@@ -277,6 +295,30 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
             external_data: files.data.as_ref().map(|_| onnx::DATA_FILE.to_string()),
             opset: args.opset,
         });
+    }
+    if has(Format::Coreml) {
+        let g = if coreml_dtype == dtype {
+            graph.clone()
+        } else {
+            graph_of(coreml_dtype)?
+        };
+        let opts = CoremlOptions {
+            max_seq: spec.max_tokens.max(1),
+            max_options: spec.max_options.max(1),
+        };
+        let (coreml_lines, checks, facts) = export_coreml(
+            &g,
+            opts,
+            &dir,
+            &reference,
+            &batches,
+            temperature,
+            pad_id,
+            &samples_from,
+        )?;
+        lines.extend(coreml_lines);
+        verified.extend(checks);
+        formats.coreml = Some(facts);
     }
     if let Some(adapter) = &adapter
         && has(Format::Peft)
@@ -339,4 +381,112 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
         count
     ));
     Ok(lines)
+}
+
+/// Write `model.mlpackage` into `dir` and check it: its structure in Rust always, then the
+/// coremltools check (`scripts/check_coreml.py`: load, rebuild, evaluate, parity with the
+/// reference) when a Python with coremltools is there. A failed check is an error (nothing is
+/// published); a check that could not run is recorded as such in `verified_with`.
+#[allow(clippy::too_many_arguments)]
+fn export_coreml(
+    graph: &crate::graph::Graph,
+    opts: CoremlOptions,
+    dir: &std::path::Path,
+    reference: &Recorded,
+    batches: &[parity::Batch],
+    temperature: f64,
+    pad_id: u32,
+    samples_from: &str,
+) -> Result<(Vec<String>, Vec<serde_json::Value>, coreml::CoremlFacts)> {
+    use parity::Scorer;
+    let dtype = graph.facts().dtype;
+    let files = coreml::write_coreml(graph, opts, dir)?;
+    let facts = files.facts.clone();
+    let mut lines = vec![format!(
+        "model     {}: Core ML ML Program (specificationVersion {}, {}, {}+), {} weights, seq 1..={}, \
+         options 1..={}",
+        facts.file,
+        facts.specification_version,
+        facts.opset,
+        facts.minimum_deployment,
+        facts.dtype,
+        facts.max_seq,
+        facts.max_options
+    )];
+    let summary = coreml::verify_package(&files.package)
+        .with_context(|| format!("checking the {} just written", facts.file))?;
+    let mut checks = vec![json!({
+        "check": "structure",
+        "file": facts.file,
+        "runtime": format!("decision-export {} (Rust)", env!("CARGO_PKG_VERSION")),
+        "what": "Manifest.json, specificationVersion, ML Program version, function, opset, and every \
+                 blobFileValue's weight.bin record (sentinel, dtype, size, alignment, blob count)",
+        "operations": summary.operations,
+        "weight_blobs": summary.weight_blobs,
+        "weight_bytes": summary.weight_bytes,
+        "passed": true,
+    })];
+    match coreml_check::find_python() {
+        coreml_check::Python::Ready {
+            interpreter,
+            versions,
+        } => {
+            let samples = coreml_check::samples_from(reference, batches, temperature)?;
+            let tolerance = parity::tolerance(dtype);
+            let report = coreml_check::run_check(
+                &interpreter,
+                &files.package,
+                &samples,
+                Some(tolerance),
+                pad_id,
+            )?;
+            report.ensure()?;
+            let dp = report.max_abs_dp.unwrap_or(f64::NAN);
+            lines.push(format!(
+                "parity    {} vs {}: {} evaluations of {} samples from {} (as given and left-padded), \
+                 max |Δp| {:.2e} (tolerance {:.0e}), picks agree",
+                report.runtime,
+                reference.describe(),
+                report.samples,
+                samples.len(),
+                samples_from,
+                dp,
+                tolerance
+            ));
+            checks.push(json!({
+                "check": "parity",
+                "file": facts.file,
+                "runtime": report.runtime,
+                "python": format!("{} ({versions})", interpreter.display()),
+                "reference": reference.describe(),
+                "dtype": dtype.name(),
+                "samples": report.samples,
+                "samples_from": samples_from,
+                "max_abs_dp": report.max_abs_dp,
+                "max_abs_dlogit": report.max_abs_dlogit,
+                "tolerance": tolerance,
+                "pick_mismatches": report.pick_mismatches,
+                "near_ties": report.near_ties,
+                "steps": report.steps,
+                "numpy_fallbacks": report.numpy_fallbacks,
+                "passed": true,
+            }));
+        }
+        coreml_check::Python::Missing { reason } => {
+            lines.push(format!(
+                "parity    {}: NOT RUN: {reason}. Only its structure was checked; \
+                 manifest.json's verified_with records this",
+                facts.file
+            ));
+            checks.push(json!({
+                "check": "parity",
+                "file": facts.file,
+                "runtime": "coremltools",
+                "ran": false,
+                "passed": false,
+                "reason": reason,
+            }));
+        }
+    }
+    Ok((lines, checks, facts))
 }

@@ -212,7 +212,7 @@ fn args(out: &Path) -> ExportArgs {
         thresholds: None,
         formats: vec![Format::Onnx],
         out: out.to_path_buf(),
-        dtype: WeightDtype::F32,
+        dtype: Some(WeightDtype::F32),
         opset: 18,
         external_data: false,
         check_data: None,
@@ -338,7 +338,7 @@ fn f16_opset23_external_bundle_passes_the_gate_and_verifies() {
     let out = root.path().join("b16");
     let mut a = args(&out);
     a.model = Some(fixtures().join("gqa3").display().to_string());
-    a.dtype = WeightDtype::F16;
+    a.dtype = Some(WeightDtype::F16);
     a.opset = 23;
     a.external_data = true;
     export(&a).unwrap();
