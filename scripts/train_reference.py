@@ -8,7 +8,9 @@ Writes tests/fixtures/train/reference.json, which the Rust tests in train/src/{l
   gradient with respect to the option logits, from torch autograd;
 * adamw: three steps of torch.optim.AdamW (eps 1e-8, weight decay on the matrix only, as two
   parameter groups) with torch.nn.utils.clip_grad_norm_ on given gradients;
-* schedule: transformers.get_cosine_schedule_with_warmup multipliers.
+* schedule: transformers.get_cosine_schedule_with_warmup multipliers;
+* next_token: the optional auxiliary term ([loss] lm_weight): torch cross_entropy of next-token
+  logits, averaged over the unmasked (real, non-padding) positions, and its logit gradient.
 """
 import json
 import pathlib
@@ -86,6 +88,18 @@ for _ in range(45):
     o.step()
     sched.step()
 out["schedule"] = {"warmup": 7, "total": 40, "multipliers": mult}
+
+lm_logits = (torch.randn(2, 4, 6, dtype=torch.float64) * 2).requires_grad_()
+lm_next = torch.randint(0, 6, (2, 4))
+lm_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.float64)  # row 2 left-padded
+ce = torch.nn.functional.cross_entropy(lm_logits.reshape(-1, 6), lm_next.reshape(-1), reduction="none")
+lm_loss = (ce * lm_mask.reshape(-1)).sum() / lm_mask.sum()
+lm_loss.backward()
+out["next_token"] = {
+    "logits": lm_logits.detach().flatten().tolist(), "shape": [2, 4, 6],
+    "next": lm_next.flatten().tolist(), "mask": lm_mask.flatten().tolist(),
+    "loss": lm_loss.item(), "grad": lm_logits.grad.flatten().tolist(),
+}
 
 path = pathlib.Path(__file__).resolve().parent.parent / "tests/fixtures/train/reference.json"
 path.write_text(json.dumps(out, indent=1) + "\n")

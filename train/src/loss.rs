@@ -17,8 +17,8 @@
 //! [`state_loss`] is the plain-float reference (used by the tests and by evaluation);
 //! [`batch_loss`] is the same computation on tensors, differentiable, used by the trainer.
 
-use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor};
 
 /// Logit given to an absent option slot in a padded batch: its probability underflows to zero.
 pub const ABSENT_LOGIT: f32 = -1e9;
@@ -121,6 +121,17 @@ pub fn batch_loss(
         ce
     };
     loss.mean()
+}
+
+/// The optional auxiliary term (`[loss] lm_weight`, off by default): mean next-token
+/// cross-entropy over the real tokens of the prompts. `logits` `[b, s-1, vocab]` predict
+/// `next` `[b, s-1]`; `mask` `[b, s-1]` is 1 where both the position and its successor are real
+/// tokens (left padding is skipped).
+pub fn next_token_loss(logits: Tensor<3>, next: Tensor<2, Int>, mask: Tensor<2>) -> Tensor<1> {
+    let log_p = log_softmax(logits, 2);
+    let picked = log_p.gather(2, next.unsqueeze_dim(2)).squeeze_dim::<2>(2);
+    let count = mask.clone().sum().clamp_min(1.0);
+    (picked * mask).sum().neg() / count
 }
 
 /// Host-side tensors for [`batch_loss`] built from per-state targets.
@@ -317,5 +328,46 @@ mod tests {
             + state_loss(&logits[1], 2, None, W))
             / 2.0;
         close(got as f64, want, 1e-5);
+    }
+
+    /// The auxiliary next-token term against torch's cross_entropy over the unmasked positions
+    /// (scripts/train_reference.py), value and logit gradient; padding positions get no gradient.
+    /// Tolerance: 1e-5 absolute + 1e-5 relative.
+    #[test]
+    fn next_token_loss_matches_torch() {
+        use burn::tensor::{Int, TensorData};
+        let device = burn::tensor::Device::flex().autodiff();
+        let case = &fixture()["next_token"];
+        let logits = floats(&case["logits"]);
+        let next: Vec<i64> = case["next"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        let mask = floats(&case["mask"]);
+        let x = Tensor::<3>::from_data(TensorData::new(logits, [2, 4, 6]), &device).require_grad();
+        let loss = next_token_loss(
+            x.clone(),
+            Tensor::<2, Int>::from_data(TensorData::new(next, [2, 4]), &device),
+            Tensor::<2>::from_data(TensorData::new(mask.clone(), [2, 4]), &device),
+        );
+        let got: f32 = loss.clone().into_scalar();
+        close(got as f64, case["loss"].as_f64().unwrap(), 1e-5);
+        let g = x
+            .grad(&loss.backward())
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (i, (gi, wi)) in g.iter().zip(floats(&case["grad"])).enumerate() {
+            assert!(
+                (gi - wi).abs() < 1e-5 + 1e-5 * wi.abs(),
+                "grad[{i}] {gi} vs torch {wi}"
+            );
+            if mask[i / 6] == 0.0 {
+                assert_eq!(*gi, 0.0, "a padding position must get no gradient");
+            }
+        }
     }
 }

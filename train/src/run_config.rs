@@ -100,6 +100,11 @@ pub struct LossSection {
     /// λ: teacher share of the target when the teacher's arg-max is the answer.
     #[serde(default = "default_blend")]
     pub teacher_blend: f32,
+    /// Weight of an auxiliary next-token cross-entropy over the prompt's tokens (0 = off, the
+    /// contract's loss). Only for growing a base from scratch: it gives every position a
+    /// training signal, so the copy (induction) heads that bind option letters form sooner.
+    #[serde(default)]
+    pub lm_weight: f32,
 }
 
 impl Default for LossSection {
@@ -107,6 +112,7 @@ impl Default for LossSection {
         Self {
             brier_weight: default_brier(),
             teacher_blend: default_blend(),
+            lm_weight: 0.0,
         }
     }
 }
@@ -329,6 +335,9 @@ impl RunConfig {
         }
         if self.train.max_steps == 0 && self.train.epochs == 0 {
             bail!("[train] set max_steps or epochs");
+        }
+        if !(self.loss.lm_weight >= 0.0 && self.loss.lm_weight.is_finite()) {
+            bail!("[loss] lm_weight must be a finite number >= 0");
         }
         if !(0.0..=1.0).contains(&self.loss.teacher_blend) {
             bail!("[loss] teacher_blend must be in [0, 1]");

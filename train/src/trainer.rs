@@ -489,6 +489,29 @@ fn micro_batch(dm: &DecisionModel, states: &[State], teacher_blend: f32) -> Resu
     })
 }
 
+/// `[loss] lm_weight`'s term: next-token cross-entropy of every real prompt token.
+fn lm_term(
+    model: &crate::model::Qwen3,
+    hidden: burn::tensor::Tensor<3>,
+    batch: &Batch,
+) -> burn::tensor::Tensor<1> {
+    use burn::tensor::{Int, Tensor, TensorData};
+    let [b, s, _] = hidden.dims();
+    let device = hidden.device();
+    let logits = model.logits(hidden.narrow(1, 0, s - 1));
+    let mut next = Vec::with_capacity(b * (s - 1));
+    let mut mask = Vec::with_capacity(b * (s - 1));
+    for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {
+        for t in 0..s - 1 {
+            next.push(ids[t + 1] as i64);
+            mask.push(f32::from(am[t] != 0 && am[t + 1] != 0));
+        }
+    }
+    let next = Tensor::<2, Int>::from_data(TensorData::new(next, [b, s - 1]), &device);
+    let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, s - 1]), &device);
+    crate::loss::next_token_loss(logits, next, mask)
+}
+
 fn append_metrics(path: &Path, value: &serde_json::Value) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -673,9 +696,23 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
             model
                 .device()
                 .seed(mix_seed(cfg.train.seed, 0xd0 + state.step, micro as u64));
-            let logits = model.answer_logits(&mb.batch, &mb.label_ids);
+            let lm_weight = cfg.loss.lm_weight;
+            let (logits, lm) = if lm_weight > 0.0 {
+                let hidden = model.hidden_states(&mb.batch);
+                let [b, s, h] = hidden.dims();
+                let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
+                let logits = model.token_logits(last, &mb.label_ids);
+                let lm = lm_term(&model, hidden, &mb.batch);
+                (logits, Some(lm))
+            } else {
+                (model.answer_logits(&mb.batch, &mb.label_ids), None)
+            };
             let (absent, q, onehot) = mb.targets.tensors(&logits.device());
             let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
+            let loss = match lm {
+                Some(lm) => loss + lm.mul_scalar(lm_weight),
+                None => loss,
+            };
             let loss = loss.div_scalar(cfg.optim.grad_accum as f32);
             let value: f32 = loss.clone().into_scalar();
             if !value.is_finite() {
