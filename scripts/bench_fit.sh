@@ -14,7 +14,7 @@ data="$OUT/receipts-$N.parquet"
 mkdir -p "$OUT"
 if [ ! -f "$data" ]; then
     echo "bench-fit: generating $N receipts into $data (once)"
-    "$BIN" gen-receipts --n "$N" --seed 7 --bad 0.0001 --out "$data"
+    "$BIN" gen receipts --n "$N" --seed 7 --bad 0.0001 --out "$data"
 fi
 cat "$data" > /dev/null   # warm the page cache for both
 

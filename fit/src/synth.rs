@@ -27,7 +27,7 @@ use rand_chacha::ChaCha8Rng;
 
 #[derive(Debug, Clone, Args)]
 #[command(
-    after_help = "Example:\n  decision gen-receipts --n 20000 --seed 7 --bad 0.001 --out demo-out/receipts.parquet"
+    after_help = "Example:\n  decision gen receipts --n 20000 --seed 7 --bad 0.001 --out demo-out/receipts.parquet"
 )]
 pub struct GenReceiptsArgs {
     /// Output file: .parquet (flattened columns) or .jsonl (contract shape).

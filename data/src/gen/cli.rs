@@ -5,26 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 
 use super::{GenOptions, RulesVersion, changed_rule, task_id, task_states};
 use crate::progress;
 use crate::split::SplitRatios;
 use crate::states_io::StateWriter;
-
-/// Generate synthetic data.
-#[derive(Debug, Subcommand)]
-pub enum GenCmd {
-    States(GenStatesArgs),
-}
-
-impl GenCmd {
-    pub fn run(self) -> Result<ExitCode> {
-        match self {
-            GenCmd::States(a) => run(a),
-        }
-    }
-}
 
 /// Generate decision states from the simulated customer-service shop: `tool`, `args` and
 /// `stop` decisions with their answer key, a simulated teacher, states after injected mistakes,

@@ -35,7 +35,7 @@ use crate::split::SplitRatios;
 use crate::state::State;
 use episode::walk;
 
-pub use cli::{GenCmd, GenStatesArgs};
+pub use cli::GenStatesArgs;
 
 /// Which rules the answer key follows. The versions differ only in the shipped-order rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
