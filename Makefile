@@ -12,16 +12,11 @@ all: test
 build:
 	$(CARGO) build -p decision
 
-## demo: generate v1 and v2 decision states, validate them, print their stats
+## demo: the whole job on synthetic data, on the CPU: generate v1/v2 states, train the tiny model
+## on v1, evaluate, fit thresholds from shadow receipts, LoRA-retrain on v2, compare, refit,
+## export the bundle (ONNX, Core ML, PEFT) and verify it. Everything lands in demo-out/.
 demo: build
-	$(BIN) gen states --rules v1 --tasks 2000 --seed 7 --out $(OUT)/v1.parquet
-	$(BIN) gen states --rules v2 --tasks 2000 --seed 7 --out $(OUT)/v2.parquet
-	$(BIN) data validate $(OUT)/v1.parquet
-	$(BIN) data validate $(OUT)/v2.parquet
-	$(BIN) data stats $(OUT)/v1.parquet
-	$(BIN) data stats $(OUT)/v2.parquet
-	$(BIN) gen-receipts --n 20000 --seed 7 --bad 0.001 --out $(OUT)/receipts.parquet
-	$(BIN) fit --receipts $(OUT)/receipts.parquet --config configs/fit.toml --out $(OUT)/thresholds.json --report $(OUT)/fit-report
+	$(BIN) demo --out $(OUT)
 
 ## test: the whole workspace test suite (offline, CPU)
 test:

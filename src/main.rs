@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     name = "decision",
@@ -29,13 +31,11 @@ enum Command {
     /// Generate synthetic data (decision states from a simulated shop)
     #[command(
         subcommand,
-        after_help = "Example:\n  decision gen states --rules v1 --tasks 2000 --seed 7 --out demo-out/v1.parquet"
+        after_help = "Example:\n  decision gen states --rules v1 --tasks 2000 --seed 7 --out demo-out/v1.parquet\n  decision gen receipts --n 20000 --seed 7 --bad 0.001 --out demo-out/receipts.parquet"
     )]
-    Gen(decision_data::r#gen::GenCmd),
+    Gen(Gen),
     /// Fit per-decision-point confidence thresholds from receipts (thresholds.json, report)
     Fit(decision_fit::FitArgs),
-    /// Generate synthetic receipts (demo, cross-check, benchmark)
-    GenReceipts(decision_fit::GenReceiptsArgs),
     /// Score states with a decision model: probabilities per candidate, pick, confidence
     Score(decision_train::cli::ScoreArgs),
     /// Fine-tune the decision model on recorded states (full or LoRA), with checkpoints
@@ -47,20 +47,31 @@ enum Command {
     /// Check an export bundle (`decision bundle verify BUNDLE`)
     #[command(subcommand)]
     Bundle(decision_export::cli::BundleCmd),
+    /// The whole job on synthetic data: generate, train, eval, fit, retrain on new rules, refit, export, verify
+    Demo(demo::DemoArgs),
+}
+
+/// `decision gen ...`: the generators live with the records they make.
+#[derive(Subcommand)]
+enum Gen {
+    States(decision_data::r#gen::GenStatesArgs),
+    /// Generate synthetic receipts (fit's cross-check and benchmark)
+    Receipts(decision_fit::GenReceiptsArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Data(cmd) => cmd.run(),
-        Command::Gen(cmd) => cmd.run(),
+        Command::Gen(Gen::States(args)) => decision_data::r#gen::cli::run(args),
+        Command::Gen(Gen::Receipts(args)) => decision_fit::synth::run(args),
         Command::Fit(args) => decision_fit::run(args),
-        Command::GenReceipts(args) => decision_fit::synth::run(args),
         Command::Score(args) => decision_train::cli::run_score(args),
         Command::Train(args) => decision_train::trainer::run(&args),
         Command::Eval(args) => decision_train::eval::run(&args),
         Command::Export(args) => args.run(),
         Command::Bundle(cmd) => cmd.run(),
+        Command::Demo(args) => demo::run(&args),
     };
     match result {
         Ok(code) => code,
