@@ -35,6 +35,11 @@ fn wgpu_scores_like_the_cpu_backend() {
         eprintln!("DECISION_SKIP_WGPU_TEST=1: wgpu comparison skipped");
         return;
     }
+    if std::env::var_os("CUBECL_AUTOTUNE_LEVEL").is_none() {
+        // Kernel autotuning on a software driver costs far more than it saves for a tiny model.
+        // SAFETY: this test binary holds this one test; nothing else reads the environment yet.
+        unsafe { std::env::set_var("CUBECL_AUTOTUNE_LEVEL", "minimal") };
+    }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/model/untied-gqa3");
     let src = dir.to_str().unwrap();
     let cpu = DecisionModel::load(src, &LoadOptions::default()).unwrap();
