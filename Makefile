@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint bench-fit bench-train bench-export
+.PHONY: all build demo test bench lint bench-fit bench-train bench-score bench-export
 
 all: test
 
@@ -23,7 +23,7 @@ test:
 	$(CARGO) test --workspace
 
 ## bench: speed figures, side by side with the reference implementations
-bench: build bench-fit bench-train bench-export
+bench: build bench-fit bench-train bench-score bench-export
 
 ## lint: formatting and clippy with warnings denied
 lint:
@@ -41,6 +41,11 @@ bench-fit: build
 bench-train: build
 	$(BIN) gen states --rules v1 --tasks 300 --seed 3 --out bench-out/train-states.parquet
 	$(FIT_PYTHON) scripts/bench_train.py --decision $(BIN) --states bench-out/train-states.parquet --out bench-out/train --steps 30
+
+## bench-score: `decision score` (Burn flex, CPU) vs transformers forward throughput in tokens/s,
+## same Qwen3 config, weights, prompts and batches (needs scripts/requirements-model.txt)
+bench-score: build
+	$(FIT_PYTHON) scripts/bench_score.py --decision $(BIN)
 
 ## bench-export: onnxruntime latency (batch 1, p50/p95) of our model.onnx against torch.onnx.export
 ## of the same weights (a small random Qwen3), plus the reference checks of exported bundles
