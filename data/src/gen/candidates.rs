@@ -1,6 +1,7 @@
 //! What the host offers at each decision: a filtered, shuffled subset that always holds the
 //! answer. Ids name the option (a tool name, an order id, `finish` / `continue`); the label is
-//! the same short word, which is what the model reads.
+//! what the model reads: the same short word, except that an order the context has shown is
+//! labelled with its item as well (`ord_127 lamp`, set where the episode knows the items).
 
 use rand::Rng;
 use rand::seq::{IndexedRandom, SliceRandom};

@@ -397,7 +397,19 @@ impl Walker<'_> {
         let target = order_id(self.task.target_order().num);
         let context = format!("{} {}", self.context(), pending_call(tool));
         let mut rng = self.state_rng();
-        let candidates = order_options(&mut rng, &self.seen);
+        let mut candidates = order_options(&mut rng, &self.seen);
+        // As a host would summarise them: an order the context has shown is offered with its
+        // item ("ord_127 lamp"); an id the context never showed is offered bare.
+        for c in &mut candidates {
+            if let Some(o) = self
+                .task
+                .orders
+                .iter()
+                .find(|o| order_id(o.num) == c.id && self.seen.contains(&o.num))
+            {
+                c.label = format!("{} {}", c.id, o.item);
+            }
+        }
         let answers = (target.clone(), target.clone());
         self.push(Point::Args, context, candidates, &mut rng, answers, None);
     }
