@@ -35,7 +35,7 @@ ap.add_argument("--warmup", type=int, default=100)
 a = ap.parse_args()
 
 torch.manual_seed(a.seed)
-torch.set_num_threads(2)
+torch.set_num_threads(int(__import__("os").environ.get("THREADS", "2")))
 cfg = Qwen3Config(
     vocab_size=a.vocab, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,

@@ -62,13 +62,14 @@ pub fn label_logits(model: &Qwen3, states: &[&Encoded], pad_id: u32) -> Vec<Vec<
 /// Turn raw label logits into [`Scores`] with temperature `t`.
 pub fn scores_from_logits(raw: &[f64], t: f64) -> Scores {
     let (probs, logits) = softmax_t(raw, t);
-    let (pick_index, confidence) = probs
-        .iter()
-        .cloned()
-        .enumerate()
-        .fold((0, f64::NEG_INFINITY), |best, (i, p)| {
-            if p > best.1 { (i, p) } else { best }
-        });
+    let (pick_index, confidence) =
+        probs
+            .iter()
+            .cloned()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |best, (i, p)| {
+                if p > best.1 { (i, p) } else { best }
+            });
     Scores {
         probs,
         logits,

@@ -22,14 +22,14 @@ pub(crate) fn sample_state(i: usize) -> State {
                 label: format!("option {k} of {i}"),
             })
             .collect(),
-        answer: (i % 4 != 0).then(|| "opt_1".to_string()),
-        teacher: (i % 2 == 0).then(|| {
+        answer: (!i.is_multiple_of(4)).then(|| "opt_1".to_string()),
+        teacher: i.is_multiple_of(2).then(|| {
             let n = 2 + i % 5;
             (0..n).map(|_| 1.0 / n as f64).collect()
         }),
         after_error: i % 3 == 1,
-        rules: (i % 5 != 0).then(|| {
-            if i % 2 == 0 {
+        rules: (!i.is_multiple_of(5)).then(|| {
+            if i.is_multiple_of(2) {
                 "v1".into()
             } else {
                 "2026-11-cancel".into()
@@ -60,13 +60,13 @@ fn round_trip_jsonl_parquet_jsonl_keeps_every_field() {
         dir.path().join("c.json"),
     );
     assert_eq!(write_states(&j1, &states).unwrap(), 50);
-    let from_jsonl: Vec<State> = read_all(&[j1.clone()])
+    let from_jsonl: Vec<State> = read_all(std::slice::from_ref(&j1))
         .into_iter()
         .map(|r| r.unwrap().value)
         .collect();
     assert_eq!(from_jsonl, states);
     write_states(&pq, &from_jsonl).unwrap();
-    let from_parquet = read_states(&[pq.clone()], ValidateOptions::default()).unwrap();
+    let from_parquet = read_states(std::slice::from_ref(&pq), ValidateOptions::default()).unwrap();
     assert_eq!(from_parquet, states);
     write_states(&j2, &from_parquet).unwrap();
     assert_eq!(
@@ -103,7 +103,7 @@ fn parquet_streams_across_many_row_groups_and_batches() {
         .num_row_groups();
     assert_eq!(groups, n.div_ceil(300), "row groups of 300 rows");
 
-    let reader = StateReader::open(&[path.clone()]).unwrap();
+    let reader = StateReader::open(std::slice::from_ref(&path)).unwrap();
     assert_eq!(reader.row_count_hint(), Some(n as u64));
     let mut count = 0;
     for (k, item) in reader.enumerate() {
@@ -133,7 +133,7 @@ fn folder_of_shards_reads_in_name_order_and_skips_hidden_and_foreign_files() {
     write_states(shards.join("part-001.json"), &[sample_state(1)]).unwrap();
     fs::write(shards.join(".part-003.parquet.tmp-1"), b"half a file").unwrap();
     fs::write(shards.join("README.md"), b"not a shard").unwrap();
-    let reader = StateReader::open(&[shards.clone()]).unwrap();
+    let reader = StateReader::open(std::slice::from_ref(&shards)).unwrap();
     let names: Vec<String> = reader
         .files()
         .iter()
@@ -185,7 +185,7 @@ fn bad_of(line: &str) -> BadRow {
     let path = dir.path().join("bad.jsonl");
     let good = serde_json::to_string(&sample_state(1)).unwrap();
     fs::write(&path, format!("{good}\n{line}\n{good}\n")).unwrap();
-    let rows = read_all(&[path.clone()]);
+    let rows = read_all(std::slice::from_ref(&path));
     assert_eq!(rows.len(), 3, "nothing dropped");
     assert!(rows[0].is_ok() && rows[2].is_ok());
     let bad = rows.into_iter().nth(1).unwrap().unwrap_err();
@@ -332,7 +332,7 @@ fn parquet_from_other_writers_large_strings_extra_and_missing_columns() {
     )
     .unwrap();
     write_batch(&path, &batch);
-    let rows: Vec<Row<State>> = read_all(&[path.clone()])
+    let rows: Vec<Row<State>> = read_all(std::slice::from_ref(&path))
         .into_iter()
         .map(|r| r.unwrap())
         .collect();
@@ -453,7 +453,7 @@ fn writers_are_atomic() {
         }
         assert_eq!(fs::read(&path).unwrap(), before, "{name}");
         write_states(&path, &[sample_state(1), sample_state(2)]).unwrap();
-        let ids: Vec<String> = read_all(&[path.clone()])
+        let ids: Vec<String> = read_all(std::slice::from_ref(&path))
             .into_iter()
             .map(|r| r.unwrap().value.id)
             .collect();

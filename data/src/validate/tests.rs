@@ -26,7 +26,7 @@ fn only_bad(line: &Value, opts: ValidateOptions) -> BadRow {
     let path = dir.path().join("states.jsonl");
     let text = format!("{}\n{}\n{}\n", good("first"), line, good("last"));
     fs::write(&path, text).unwrap();
-    let items: Vec<_> = StateReader::open(&[path.clone()])
+    let items: Vec<_> = StateReader::open(std::slice::from_ref(&path))
         .unwrap()
         .validated(opts)
         .map(|r| r.unwrap())
@@ -298,7 +298,7 @@ fn rule_a_task_in_two_splits() {
         .join("\n"),
     )
     .unwrap();
-    let items: Vec<_> = StateReader::open(&[path.clone()])
+    let items: Vec<_> = StateReader::open(std::slice::from_ref(&path))
         .unwrap()
         .validated(ValidateOptions::default())
         .map(|r| r.unwrap())
@@ -372,7 +372,7 @@ fn quarantine_keeps_bad_rows_unchanged_and_drops_nothing_valid() {
     let q = dir.path().join("out").join("quarantine.jsonl");
     let mut quarantine = Quarantine::create(&q).unwrap();
     let mut kept = Vec::new();
-    for item in StateReader::open(&[src.clone()])
+    for item in StateReader::open(std::slice::from_ref(&src))
         .unwrap()
         .validated(ValidateOptions::default())
     {
@@ -423,7 +423,7 @@ fn quarantine_keeps_bad_rows_unchanged_and_drops_nothing_valid() {
     );
 
     // The quarantine is itself a JSON Lines states file: fixed rows can be fed back.
-    let again: Vec<_> = StateReader::open(&[q.clone()])
+    let again: Vec<_> = StateReader::open(std::slice::from_ref(&q))
         .unwrap()
         .map(|r| r.unwrap())
         .collect();
