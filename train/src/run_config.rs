@@ -66,6 +66,10 @@ pub struct ModelSection {
     /// the unknown token.
     #[serde(default = "default_min_count")]
     pub min_token_count: usize,
+    /// For `init = "random"`: how one option is rendered, with `{label}` and `{text}` (default
+    /// `"{label}. {text}"`). A pretrained model keeps the template in its decision.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub option_template: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

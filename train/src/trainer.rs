@@ -332,7 +332,11 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
             DecisionModel::from_parts(dm.config, dm.model, tok, Some(spec), &dm.origin)
         }
         Init::Random => {
-            let mut spec = DecisionSpec::defaults(PromptTemplate::plain());
+            let mut template = PromptTemplate::plain();
+            if let Some(option) = &cfg.model.option_template {
+                template.option = option.clone();
+            }
+            let mut spec = DecisionSpec::defaults(template);
             spec.max_options = cfg.data.max_options;
             spec.max_tokens = cfg.data.max_tokens;
             let literal = crate::prompt::Template::parse(&spec.template)?.literal_text();
