@@ -4,7 +4,8 @@
 
 pub mod bundle;
 pub mod cli;
-pub mod config;
+/// The one Qwen3 `config.json` reader, shared with training.
+pub use decision_train::Qwen3Config;
 pub mod coreml;
 pub mod graph;
 pub mod lora;

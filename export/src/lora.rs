@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Value, json};
 
-use crate::config::Qwen3Config;
+use crate::Qwen3Config;
 use crate::weights::{WeightSource, decode_f32};
 
 /// The projections LoRA may adapt in a Qwen3 decoder layer, with their sub-module.

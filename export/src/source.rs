@@ -11,7 +11,7 @@ use decision_train::hub::{self, HubEnv, ModelDir};
 use decision_train::prompt::Encoded;
 use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 
-use crate::config::Qwen3Config;
+use crate::Qwen3Config;
 use crate::lora::{LoraAdapter, MergedSource};
 use crate::parity::{Batch, Scorer, Scores};
 use crate::samples;

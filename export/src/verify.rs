@@ -20,8 +20,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
+use crate::Qwen3Config;
 use crate::bundle::{self, Manifest};
-use crate::config::Qwen3Config;
 use crate::onnx;
 
 /// The outcome: files checked and problems found (empty = the bundle is sound).

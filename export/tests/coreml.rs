@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use decision_export::config::Qwen3Config;
+use decision_export::Qwen3Config;
 use decision_export::coreml::check::{self, CheckSample, Python};
 use decision_export::coreml::pb::{self, mil_spec as mil};
 use decision_export::coreml::{
@@ -34,7 +34,7 @@ fn fixtures() -> PathBuf {
 /// `tiny` (tied embeddings, 4 query / 2 key-value heads) or `gqa3` (untied, 6 / 2).
 fn graph(model: &str, dtype: DType) -> Graph {
     let dir = fixtures().join(model);
-    let cfg = Qwen3Config::load(&dir).unwrap();
+    let cfg = Qwen3Config::from_file(&dir).unwrap();
     let weights: Arc<dyn WeightSource> = Arc::new(SafetensorsDir::open(&dir).unwrap());
     build_qwen3(
         &cfg,

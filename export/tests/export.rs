@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
-use decision_export::config::Qwen3Config;
+use decision_export::Qwen3Config;
 use decision_export::graph::{DType, GraphOptions, build_qwen3};
 use decision_export::lora::{LoraAdapter, MergedSource};
 use decision_export::onnx::{DATA_ALIGN, OnnxOptions, read_model, write_onnx};
@@ -78,7 +78,7 @@ fn source(model: &str) -> (Qwen3Config, Arc<dyn WeightSource>) {
         None => (model, None),
     };
     let dir = fixtures().join(base);
-    let cfg = Qwen3Config::load(&dir).unwrap();
+    let cfg = Qwen3Config::from_file(&dir).unwrap();
     let weights: Arc<dyn WeightSource> = Arc::new(SafetensorsDir::open(&dir).unwrap());
     let weights = match adapter {
         None => weights,
@@ -269,7 +269,7 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
     let adapter = m.model.adapter.as_ref().unwrap();
     assert_eq!((adapter.r, adapter.alpha, adapter.included), (4, 8.0, true));
     // The adapter we wrote holds exactly what we read.
-    let cfg = Qwen3Config::load(&fixtures().join("tiny")).unwrap();
+    let cfg = Qwen3Config::from_file(&fixtures().join("tiny")).unwrap();
     let ours = LoraAdapter::load(&out.join("adapter"), &cfg).unwrap();
     let theirs = LoraAdapter::load(&fixtures().join("tiny-lora"), &cfg).unwrap();
     assert_eq!(ours.modules, theirs.modules);

@@ -28,8 +28,17 @@ pub struct Qwen3Config {
 }
 
 impl Qwen3Config {
-    /// Read `config.json`; anything that is not a plain Qwen3 decoder is refused with the reason.
+    /// Read `config.json` (the file, or a model folder holding it); anything that is not a plain
+    /// Qwen3 decoder is refused with the reason. The training crate and the exporters share this
+    /// reader, so what trains is exactly what exports.
     pub fn from_file(path: &Path) -> Result<Self> {
+        let joined;
+        let path = if path.is_dir() {
+            joined = path.join("config.json");
+            joined.as_path()
+        } else {
+            path
+        };
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let value: Value = serde_json::from_str(&text)
@@ -92,6 +101,16 @@ impl Qwen3Config {
         }
         if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
             bail!("use_sliding_window is true; sliding-window attention is not supported");
+        }
+        if let Some(types) = v.get("layer_types").and_then(Value::as_array)
+            && let Some(bad) = types
+                .iter()
+                .position(|t| t.as_str() != Some("full_attention"))
+        {
+            bail!(
+                "field `layer_types[{bad}]` is {}; only full attention is supported",
+                types[bad]
+            );
         }
         let config = Qwen3Config {
             vocab_size: usize_field("vocab_size")?,
@@ -280,6 +299,23 @@ mod tests {
         v.as_object_mut().unwrap().remove("vocab_size");
         let e = format!("{:#}", Qwen3Config::from_json(&v).unwrap_err());
         assert!(e.contains("vocab_size"), "{e}");
+
+        let mut v = base();
+        v["layer_types"] = json!(["full_attention", "sliding_attention"]);
+        let e = format!("{:#}", Qwen3Config::from_json(&v).unwrap_err());
+        assert!(e.contains("layer_types[1]"), "{e}");
+        v["layer_types"] = json!(["full_attention", "full_attention"]);
+        assert!(Qwen3Config::from_json(&v).is_ok());
+
+        let mut v = base();
+        v["hidden_act"] = json!("gelu");
+        let e = format!("{:#}", Qwen3Config::from_json(&v).unwrap_err());
+        assert!(e.contains("gelu"), "{e}");
+
+        let mut v = base();
+        v["use_sliding_window"] = json!(true);
+        let e = format!("{:#}", Qwen3Config::from_json(&v).unwrap_err());
+        assert!(e.contains("sliding"), "{e}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ use anyhow::{Context, Result, bail};
 
 pub use qwen3::{GraphOptions, build_qwen3, expected_weights};
 
-use crate::config::Qwen3Config;
+use crate::Qwen3Config;
 use crate::weights::WeightSource;
 
 /// The value written into [`Op::AttentionBias`] at masked positions. Finite on purpose: a fully

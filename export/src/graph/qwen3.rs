@@ -11,7 +11,7 @@ use super::{
     Const, ConstId, ConstSource, DType, Dim, Graph, MASKED, ModelFacts, Node, Op, ValueId,
     ValueType,
 };
-use crate::config::Qwen3Config;
+use crate::Qwen3Config;
 use crate::weights::WeightSource;
 
 /// How to build the graph.
@@ -549,7 +549,7 @@ mod tests {
                 assert_eq!(g.value(x).dtype, DType::F32, "{}", node.name);
             }
         }
-        assert_eq!(g.parameter_count(), cfg.parameter_count());
+        assert_eq!(g.parameter_count(), cfg.parameter_count() as u64);
         let listing = g.to_string();
         assert!(
             listing.contains("attention(")
