@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Backend;
 use crate::decision_model::{DecisionModel, LoadOptions};
 use crate::loss::{LossWeights, state_loss};
-use crate::metrics::{Metrics, Report, ScoredState, flip_rate as flip_share, metrics};
+use crate::metrics::{Metrics, Report, ScoredState, flips, metrics, share};
 use crate::trainer::{mix_seed, permuted};
 
 /// `decision eval`
@@ -179,8 +179,19 @@ pub fn flip_rate(
     seed: u64,
     batch_size: usize,
 ) -> Result<f64> {
+    Ok(share(&flipped(dm, states, k, seed, batch_size)?))
+}
+
+/// For each state, whether its pick changes under `k` other random candidate orders.
+pub fn flipped(
+    dm: &DecisionModel,
+    states: &[State],
+    k: usize,
+    seed: u64,
+    batch_size: usize,
+) -> Result<Vec<bool>> {
     if states.is_empty() || k == 0 {
-        return Ok(0.0);
+        return Ok(vec![false; states.len()]);
     }
     let pick = |s: &ScoredState| crate::metrics::argmax(&s.probs(1.0));
     let original: Vec<usize> = score_states(dm, states, batch_size)?
@@ -213,7 +224,7 @@ pub fn flip_rate(
             permuted_picks[i].push(orders[i][pick(sc)]);
         }
     }
-    Ok(flip_share(&original, &permuted_picks))
+    Ok(flips(&original, &permuted_picks))
 }
 
 /// The states of `path` in `split` (`all` = every row). A row's split is its own `split`
@@ -272,13 +283,16 @@ pub fn evaluate(
             .filter(|s| s.answer.is_some())
             .cloned()
             .collect();
-        report.flip_rate = Some(flip_rate(
-            dm,
-            &labelled_states,
-            permutations,
-            seed,
-            batch_size,
-        )?);
+        let flags = flipped(dm, &labelled_states, permutations, seed, batch_size)?;
+        report.flip_rate = Some(share(&flags));
+        let mut by_point: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
+        for (s, f) in labelled_states.iter().zip(&flags) {
+            by_point.entry(s.point.as_str()).or_default().push(*f);
+        }
+        report.flip_rate_by_point = by_point
+            .into_iter()
+            .map(|(p, f)| (p.to_string(), share(&f)))
+            .collect();
     }
     Ok((report, scored))
 }
@@ -313,7 +327,15 @@ pub fn table(r: &Report) -> String {
         );
     }
     if let Some(f) = r.flip_rate {
-        s += &format!("flip rate (option order)  {f:.4}\n");
+        let points: Vec<String> = r
+            .flip_rate_by_point
+            .iter()
+            .map(|(p, x)| format!("{p} {x:.4}"))
+            .collect();
+        s += &format!(
+            "flip rate (option order)  {f:.4}  ({})\n",
+            points.join(", ")
+        );
     }
     s
 }

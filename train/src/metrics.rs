@@ -159,6 +159,9 @@ pub struct Report {
     /// Share of states whose pick changed under other candidate orders (when measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flip_rate: Option<f64>,
+    /// The flip rate per decision point (when measured).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flip_rate_by_point: BTreeMap<String, f64>,
 }
 
 impl Report {
@@ -181,23 +184,25 @@ impl Report {
             by_rules: group(&|s| s.rules.clone().unwrap_or_else(|| "-".into())),
             by_rule_change: BTreeMap::new(),
             flip_rate: None,
+            flip_rate_by_point: BTreeMap::new(),
         }
     }
 }
 
-/// Flip rate: for each state, the pick in its original order against its picks under
-/// `K` other orders (each mapped back to original candidate indices); a state flips when any
-/// of those picks differs. Returns the share of states that flip.
-pub fn flip_rate(original_picks: &[usize], permuted_picks: &[Vec<usize>]) -> f64 {
-    if original_picks.is_empty() {
-        return 0.0;
-    }
-    let flips = original_picks
+/// Flips: for each state, the pick in its original order against its picks under `K` other
+/// orders (each mapped back to original candidate indices); a state flips when any of those
+/// picks differs.
+pub fn flips(original_picks: &[usize], permuted_picks: &[Vec<usize>]) -> Vec<bool> {
+    original_picks
         .iter()
         .zip(permuted_picks)
-        .filter(|(o, ps)| ps.iter().any(|p| p != *o))
-        .count();
-    flips as f64 / original_picks.len() as f64
+        .map(|(o, ps)| ps.iter().any(|p| p != o))
+        .collect()
+}
+
+/// The share of `true` in `flags` (0 when empty).
+pub fn share(flags: &[bool]) -> f64 {
+    flags.iter().filter(|&&f| f).count() as f64 / flags.len().max(1) as f64
 }
 
 #[cfg(test)]
@@ -260,10 +265,11 @@ mod tests {
 
     #[test]
     fn flip_rate_counts_any_change() {
-        let r = flip_rate(
+        let f = flips(
             &[0, 1, 2, 0],
             &[vec![0, 0], vec![1, 1], vec![2, 1], vec![0, 0]],
         );
-        assert!((r - 0.25).abs() < 1e-12);
+        assert_eq!(f, [false, false, true, false]);
+        assert!((share(&f) - 0.25).abs() < 1e-12);
     }
 }
