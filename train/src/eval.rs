@@ -259,22 +259,23 @@ pub fn evaluate(
         .cloned()
         .collect();
     let mut report = Report::new(&labelled, &temp);
-    let touched: Vec<Option<bool>> = states
+    let groups: Vec<Option<&str>> = states
         .iter()
-        .map(decision_data::r#gen::touched_by_rule_change)
+        .map(decision_data::r#gen::rule_change_group)
         .collect();
-    if touched.iter().any(Option::is_some) {
-        for key in [true, false] {
+    if groups.iter().any(Option::is_some) {
+        for name in ["touched", "untouched", "diverged"] {
             let group: Vec<&ScoredState> = scored
                 .iter()
-                .zip(&touched)
-                .filter(|(s, t)| s.answer != usize::MAX && **t == Some(key))
+                .zip(&groups)
+                .filter(|(s, g)| s.answer != usize::MAX && **g == Some(name))
                 .map(|(s, _)| s)
                 .collect();
-            let name = if key { "touched" } else { "untouched" };
-            report
-                .by_rule_change
-                .insert(name.to_string(), metrics(group, &temp));
+            if !group.is_empty() {
+                report
+                    .by_rule_change
+                    .insert(name.to_string(), metrics(group, &temp));
+            }
         }
     }
     if permutations > 0 {

@@ -153,7 +153,8 @@ pub struct Report {
     pub by_after_error: BTreeMap<String, Metrics>,
     /// Keys are the `rules` values; states without one are under `"-"`.
     pub by_rules: BTreeMap<String, Metrics>,
-    /// For synthetic states: `"touched"` / `"untouched"` by the v1 → v2 rule change.
+    /// For synthetic states: `"touched"` / `"untouched"` / `"diverged"` by the v1 → v2 rule
+    /// change (`decision_data::gen::rule_change_group`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub by_rule_change: BTreeMap<String, Metrics>,
     /// Share of states whose pick changed under other candidate orders (when measured).

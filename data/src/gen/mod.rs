@@ -9,7 +9,8 @@
 //! Two rules versions share everything but the shipped-order rule (see [`rules`]); for the
 //! same seed they draw the same tasks, and their states differ only from the first decision
 //! that rule touches. [`generate_annotated`] says, per state, what each version answers;
-//! [`touched_by_rule_change`] recovers that for a state read back from a file.
+//! [`touched_by_rule_change`] recovers that for a state read back from a file, and
+//! [`rule_change_group`] also tells the states only one version reaches.
 //!
 //! ```
 //! use decision_data::r#gen::{GenOptions, RulesVersion, generate};
@@ -204,6 +205,32 @@ pub fn replay(state: &State) -> Option<Generated> {
 /// Whether the changed rule touches a state this generator made (see [`replay`]).
 pub fn touched_by_rule_change(state: &State) -> Option<bool> {
     replay(state).map(|g| g.touched())
+}
+
+/// Where a state this generator made stands with the rule change:
+///
+/// * `"touched"`: the two rules versions answer it differently;
+/// * `"diverged"`: both answer it alike, but it is reached only under its own version (an
+///   earlier decision of its task was touched, so the other version's agent never sees this
+///   context);
+/// * `"untouched"`: both versions reach it, with the same context, and answer it alike.
+///
+/// `None` when the state is not one of ours (see [`replay`]).
+pub fn rule_change_group(state: &State) -> Option<&'static str> {
+    let g = replay(state)?;
+    if g.touched() {
+        return Some("touched");
+    }
+    let (seed, index) = parse_task_id(&state.task_id)?;
+    let other = match state.rules.as_deref()?.parse().ok()? {
+        RulesVersion::V1 => RulesVersion::V2,
+        RulesVersion::V2 => RulesVersion::V1,
+    };
+    let split = state.split.as_deref().unwrap_or("train");
+    let shared = task_states(other, seed, index, split)
+        .iter()
+        .any(|o| o.state.point == state.point && o.state.context == state.context);
+    Some(if shared { "untouched" } else { "diverged" })
 }
 
 /// The changed rule in one line per version, for reports.

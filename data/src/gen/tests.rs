@@ -277,6 +277,7 @@ fn touched_is_recovered_from_a_state_alone() {
     let mut foreign = v2[0].state.clone();
     foreign.context.push_str(" tool finish -> ok .");
     assert_eq!(touched_by_rule_change(&foreign), None);
+    assert_eq!(rule_change_group(&foreign), None);
     foreign.task_id = "episode-1".into();
     assert_eq!(touched_by_rule_change(&foreign), None);
 }
@@ -461,4 +462,33 @@ fn after_an_error_the_answer_recovers() {
         }
     }
     assert!(checked > 100, "{checked}");
+}
+
+/// The three rule-change groups against a direct comparison of the two versions' states: a
+/// v1 state is `untouched` exactly when v2 has a state of the same task and point with the same
+/// context and the same answer, `diverged` when no v2 state has its context, `touched` when the
+/// answers differ.
+#[test]
+fn rule_change_groups_match_the_other_versions_states() {
+    let v1 = annotated(RulesVersion::V1, 60);
+    let v2 = annotated(RulesVersion::V2, 60);
+    let key = |s: &State| (s.task_id.clone(), s.point.clone(), s.context.clone());
+    let in_v2: std::collections::HashMap<_, String> = v2
+        .iter()
+        .map(|g| (key(&g.state), g.state.answer.clone().unwrap()))
+        .collect();
+    let mut seen = BTreeMap::new();
+    for g in &v1 {
+        let s = &g.state;
+        let group = rule_change_group(s).unwrap();
+        let expected = match in_v2.get(&key(s)) {
+            _ if g.touched() => "touched",
+            Some(answer) if Some(answer) == s.answer.as_ref() => "untouched",
+            Some(_) => "touched",
+            None => "diverged",
+        };
+        assert_eq!(group, expected, "{}", s.id);
+        *seen.entry(group).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), 3, "every group occurs in 60 tasks: {seen:?}");
 }
