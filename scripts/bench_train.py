@@ -6,7 +6,7 @@ Run by `make bench` (or by hand):
         --states bench-out/train-states.parquet --out bench-out/train --steps 30
 
 Two workloads:
-* tiny: configs/tiny.toml (full fine-tuning of the 4-layer model from scratch);
+* tiny: configs/tiny.toml (full fine-tuning of the 4-layer tiny base, models/tiny-base);
 * lora: LoRA r=8 on all seven projections (configs/tiny-lora-v2.toml's adapter settings) of a
   small Qwen3 base (hidden 256, 4 layers, 8 heads / 4 kv heads) made here with random weights.
 

@@ -9,8 +9,8 @@
 //! Two rules versions share everything but the shipped-order rule (see [`rules`]); for the
 //! same seed they draw the same tasks, and their states differ only from the first decision
 //! that rule touches. [`generate_annotated`] says, per state, what each version answers;
-//! [`touched_by_rule_change`] recovers that for a state read back from a file, and
-//! [`rule_change_group`] also tells the states only one version reaches.
+//! [`rule_change_group`] recovers that for a state read back from a file, and also tells the
+//! states only one version reaches.
 //!
 //! ```
 //! use decision_data::r#gen::{GenOptions, RulesVersion, generate};
@@ -200,11 +200,6 @@ pub fn replay(state: &State) -> Option<Generated> {
         .into_iter()
         .find(|g| g.state.id == state.id)?;
     (found.state.context == state.context).then_some(found)
-}
-
-/// Whether the changed rule touches a state this generator made (see [`replay`]).
-pub fn touched_by_rule_change(state: &State) -> Option<bool> {
-    replay(state).map(|g| g.touched())
 }
 
 /// Where a state this generator made stands with the rule change:
