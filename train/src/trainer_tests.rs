@@ -28,6 +28,16 @@ fn tiny_config(vocab: usize) -> Qwen3Config {
     .unwrap()
 }
 
+/// Burn's CPU backend draws random numbers (weight init, LoRA's A, dropout) from one
+/// process-wide generator that `train` seeds; tests run on parallel threads, so each test here
+/// that draws holds this lock, or another test's draws would interleave with its seeded
+/// sequence (seen as a resume test whose two runs differed from step 1 under load).
+static DEVICE_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn device_rng() -> std::sync::MutexGuard<'static, ()> {
+    DEVICE_RNG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn batch() -> Batch {
     let a: &[u32] = &[3, 7, 1, 9, 4, 2];
     let b: &[u32] = &[5, 8, 6];
@@ -109,6 +119,7 @@ fn grad_of(model: &Qwen3, grads: &GradientsParams, path: &str) -> Vec<f32> {
 /// weights drawn with std 0.3; per element |Δ| ≤ 2e-3 + 5% of the gradient.
 #[test]
 fn gradients_match_finite_differences() {
+    let _rng = device_rng();
     let plain = Device::flex();
     plain.seed(3);
     let model = init_random(&tiny_config(16), 0.3, &plain);
@@ -167,6 +178,7 @@ fn spec(targets: &[&str]) -> LoraSpec {
 /// Merging (W + s·A·B) gives the same outputs as the unmerged adapters, with B non-zero.
 #[test]
 fn lora_merge_equals_unmerged() {
+    let _rng = device_rng();
     let plain = Device::flex();
     plain.seed(5);
     let base = init_random(&tiny_config(16), 0.3, &plain);
@@ -235,6 +247,7 @@ fn weights_of(model: &Qwen3) -> Vec<(String, Vec<f32>)> {
 /// stay bit-identical through several AdamW steps (with weight decay).
 #[test]
 fn lora_base_is_frozen_bit_for_bit() {
+    let _rng = device_rng();
     let plain = Device::flex();
     plain.seed(11);
     let base = init_random(&tiny_config(16), 0.3, &plain);
@@ -281,6 +294,7 @@ fn lora_base_is_frozen_bit_for_bit() {
 /// a wrong key is refused.
 #[test]
 fn peft_adapter_round_trip() {
+    let _rng = device_rng();
     let plain = Device::flex();
     plain.seed(2);
     let base = init_random(&tiny_config(16), 0.3, &plain);
@@ -427,6 +441,7 @@ fn model_bytes(dir: &Path) -> Vec<f32> {
 /// 6 steps straight against 3 steps, stop, `--resume`, 3 more: same losses, same weights.
 #[test]
 fn resume_continues_exactly() {
+    let _rng = device_rng();
     let dir = tempfile::tempdir().unwrap();
     let data = states_file(dir.path(), RulesVersion::V1, 12);
     let cfg = tiny_run_config(&data, "");
@@ -533,6 +548,7 @@ fn resume_continues_exactly() {
 /// and the adapter on the base reproduces the merged model.
 #[test]
 fn lora_run_writes_merged_model_and_adapter() {
+    let _rng = device_rng();
     let dir = tempfile::tempdir().unwrap();
     let data = states_file(dir.path(), RulesVersion::V2, 10);
     // the base: a quick full run
