@@ -37,15 +37,25 @@ impl Proj {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        // Fold the leading axes into rows: one `[rows, d_in]·[d_in, d_out]` product instead of a
+        // broadcast batched matmul of small per-row matrices, and in the backward pass one weight
+        // gradient product instead of one per batch row plus a sum.
+        let dims = x.dims();
+        let d_in = dims[D - 1];
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let x = x.reshape([rows, d_in]);
         let y = linear(
             x.clone(),
             self.weight.val(),
             self.bias.as_ref().map(|b| b.val()),
         );
-        match &self.lora {
+        let y = match &self.lora {
             Some(adapter) => y + adapter.delta(x),
             None => y,
-        }
+        };
+        let mut out = dims;
+        out[D - 1] = self.dims()[1];
+        y.reshape(out)
     }
 
     /// `[d_in, d_out]`.
