@@ -219,6 +219,12 @@ pub struct TrainSection {
     /// Write a `metrics.jsonl` line every this many steps.
     #[serde(default = "default_log_every")]
     pub log_every: u64,
+    /// Split every micro-batch into this many shards whose forward and backward passes run on
+    /// separate threads (data parallelism on the CPU, where one pass keeps about one core busy
+    /// on small shapes); the gradients are summed with each shard's share of the batch, so the
+    /// loss is the same, up to float rounding. A run reproduces for the same value.
+    #[serde(default = "default_shards")]
+    pub shards: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -277,6 +283,9 @@ fn default_backend() -> Backend {
 }
 fn default_log_every() -> u64 {
     10
+}
+fn default_shards() -> usize {
+    1
 }
 
 impl RunConfig {
@@ -351,6 +360,19 @@ impl RunConfig {
         }
         if self.data.max_options < 2 {
             bail!("[data] max_options must be at least 2");
+        }
+        if self.train.shards == 0 || self.train.shards > self.train.batch_size {
+            bail!(
+                "[train] shards must be between 1 and batch_size ({})",
+                self.train.batch_size
+            );
+        }
+        if self.train.shards > 1 && self.train.mode == Mode::Lora && self.lora.dropout > 0.0 {
+            bail!(
+                "[train] shards > 1 needs [lora] dropout = 0: Burn draws dropout masks from one \
+                 process-wide generator, so shards on parallel threads would make the run \
+                 irreproducible"
+            );
         }
         if self.train.mode == Mode::Lora {
             if self.lora.rank == 0 {

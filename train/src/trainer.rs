@@ -493,6 +493,77 @@ fn micro_batch(dm: &DecisionModel, states: &[State], teacher_blend: f32) -> Resu
     })
 }
 
+/// What one shard of a micro-batch contributes: its gradients, its (scaled) loss, its tokens.
+struct ShardOut {
+    grads: GradientsParams,
+    loss: f32,
+    tokens: u64,
+}
+
+/// The model with every trainable parameter re-rooted as a new autodiff leaf (same values and
+/// parameter ids, so its gradients accumulate onto the original's). Shards on parallel threads
+/// must not share a tracked node: Burn merges autodiff graphs that do, serialising their backward
+/// passes, and a merge racing a backward pass can deadlock on Burn's two graph locks.
+fn fresh_leaves(model: &crate::model::Qwen3) -> crate::model::Qwen3 {
+    struct Reroot;
+    impl burn::module::ModuleMapper for Reroot {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: burn::module::Param<burn::tensor::Tensor<D>>,
+        ) -> burn::module::Param<burn::tensor::Tensor<D>> {
+            let (id, tensor, mapper) = param.consume();
+            let tensor = if tensor.is_require_grad() {
+                tensor.detach().require_grad()
+            } else {
+                tensor
+            };
+            burn::module::Param::from_mapped_value(id, tensor, mapper)
+        }
+    }
+    model.clone().map(&mut Reroot)
+}
+
+/// Forward and backward over one shard of a micro-batch; the loss is multiplied by `scale` (the
+/// shard's share of the batch over the accumulation steps) before the backward pass.
+fn shard_pass(
+    model: &crate::model::Qwen3,
+    dm: &DecisionModel,
+    states: &[State],
+    weights: LossWeights,
+    lm_weight: f32,
+    scale: f32,
+) -> Result<ShardOut> {
+    let mb = micro_batch(dm, states, weights.teacher_blend)?;
+    let (logits, lm) = if lm_weight > 0.0 {
+        let hidden = model.hidden_states(&mb.batch);
+        let [b, s, h] = hidden.dims();
+        let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
+        let logits = model.token_logits(last, &mb.label_ids);
+        let lm = lm_term(model, hidden, &mb.batch);
+        (logits, Some(lm))
+    } else {
+        (model.answer_logits(&mb.batch, &mb.label_ids), None)
+    };
+    let (absent, q, onehot) = mb.targets.tensors(&logits.device());
+    let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
+    let loss = match lm {
+        Some(lm) => loss + lm.mul_scalar(lm_weight),
+        None => loss,
+    };
+    let loss = loss.mul_scalar(scale);
+    let value: f32 = loss.clone().into_scalar();
+    let grads = if value.is_finite() {
+        GradientsParams::from_grads(loss.backward(), model)
+    } else {
+        GradientsParams::new()
+    };
+    Ok(ShardOut {
+        grads,
+        loss: value,
+        tokens: mb.tokens,
+    })
+}
+
 /// `[loss] lm_weight`'s term: next-token cross-entropy of every real prompt token.
 fn lm_term(
     model: &crate::model::Qwen3,
@@ -696,40 +767,46 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
         let mut loss_sum = 0.0f32;
         for micro in 0..cfg.optim.grad_accum {
             let states: Vec<State> = (0..cfg.train.batch_size).map(|_| stream.next()).collect();
-            let mb = micro_batch(&dm, &states, weights.teacher_blend)?;
             model
                 .device()
                 .seed(mix_seed(cfg.train.seed, 0xd0 + state.step, micro as u64));
-            let lm_weight = cfg.loss.lm_weight;
-            let (logits, lm) = if lm_weight > 0.0 {
-                let hidden = model.hidden_states(&mb.batch);
-                let [b, s, h] = hidden.dims();
-                let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
-                let logits = model.token_logits(last, &mb.label_ids);
-                let lm = lm_term(&model, hidden, &mb.batch);
-                (logits, Some(lm))
+            // Shards of the micro-batch run side by side; each loss carries its share of the
+            // batch so the summed gradients are those of the whole micro-batch.
+            let n_shards = cfg.train.shards.min(states.len()).max(1);
+            let per = states.len().div_ceil(n_shards);
+            let pieces: Vec<&[State]> = states.chunks(per).collect();
+            let run_shard = |piece: &[State]| {
+                let share = piece.len() as f32 / states.len() as f32;
+                let scale = share / cfg.optim.grad_accum as f32;
+                if n_shards == 1 {
+                    shard_pass(&model, &dm, piece, weights, cfg.loss.lm_weight, scale)
+                } else {
+                    let own = fresh_leaves(&model);
+                    shard_pass(&own, &dm, piece, weights, cfg.loss.lm_weight, scale)
+                }
+            };
+            // On Burn's rayon pool, so that the kernels' own parallel loops nest under the
+            // shards instead of competing with them.
+            let results: Vec<Result<ShardOut>> = if pieces.len() == 1 {
+                vec![run_shard(pieces[0])]
             } else {
-                (model.answer_logits(&mb.batch, &mb.label_ids), None)
+                use rayon::prelude::*;
+                pieces.par_iter().map(|piece| run_shard(piece)).collect()
             };
-            let (absent, q, onehot) = mb.targets.tensors(&logits.device());
-            let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
-            let loss = match lm {
-                Some(lm) => loss + lm.mul_scalar(lm_weight),
-                None => loss,
-            };
-            let loss = loss.div_scalar(cfg.optim.grad_accum as f32);
-            let value: f32 = loss.clone().into_scalar();
-            if !value.is_finite() {
-                bail!(
-                    "the training loss became {value} at step {}; lower [optim] lr or raise warmup",
-                    state.step + 1
-                );
+            for r in results {
+                let out = r?;
+                if !out.loss.is_finite() {
+                    bail!(
+                        "the training loss became {} at step {}; lower [optim] lr or raise warmup",
+                        out.loss,
+                        state.step + 1
+                    );
+                }
+                loss_sum += out.loss;
+                acc.accumulate(&model, out.grads);
+                state.tokens += out.tokens;
+                window_tokens += out.tokens;
             }
-            loss_sum += value;
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            acc.accumulate(&model, grads);
-            state.tokens += mb.tokens;
-            window_tokens += mb.tokens;
         }
         let mut grads = acc.grads();
         let norm = global_grad_norm(&model, &grads);
