@@ -152,22 +152,10 @@ impl DecisionModel {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Vec<Scores> {
-        let batch_size = batch_size.max(1);
-        let mut out: Vec<Option<Scores>> = vec![None; encoded.len()];
-        let order = score::length_order(encoded);
-        for chunk in order.chunks(batch_size) {
-            let batch: Vec<&Encoded> = chunk.iter().map(|&i| &encoded[i]).collect();
-            let raw = score::label_logits(&self.model, &batch, self.pad_id);
-            for (&i, logits) in chunk.iter().zip(raw) {
-                out[i] = Some(score::scores_from_logits(
-                    &logits,
-                    self.temperature(points[i]),
-                ));
-            }
-            progress(chunk.len());
-        }
-        out.into_iter()
-            .map(|s| s.expect("every state scored"))
+        score::logits_in_batches(&self.model, encoded, self.pad_id, batch_size, progress)
+            .iter()
+            .zip(points)
+            .map(|(logits, point)| score::scores_from_logits(logits, self.temperature(point)))
             .collect()
     }
 

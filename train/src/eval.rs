@@ -128,17 +128,8 @@ pub fn score_states(
         .iter()
         .map(|s| dm.encode(s))
         .collect::<Result<Vec<_>>>()?;
-    let order = crate::score::length_order(&encoded);
-    let mut logits: Vec<Option<Vec<f64>>> = vec![None; states.len()];
-    for chunk in order.chunks(batch_size.max(1)) {
-        let batch: Vec<&crate::prompt::Encoded> = chunk.iter().map(|&i| &encoded[i]).collect();
-        for (&i, l) in chunk
-            .iter()
-            .zip(crate::score::label_logits(&dm.model, &batch, dm.pad_id))
-        {
-            logits[i] = Some(l);
-        }
-    }
+    let logits =
+        crate::score::logits_in_batches(&dm.model, &encoded, dm.pad_id, batch_size, &mut |_| {});
     Ok(states
         .iter()
         .zip(logits)
@@ -147,7 +138,7 @@ pub fn score_states(
             point: s.point.clone(),
             after_error: s.after_error,
             rules: s.rules.clone(),
-            logits: l.expect("scored").into_iter().map(|x| x as f32).collect(),
+            logits: l.into_iter().map(|x| x as f32).collect(),
             answer: s.answer_index().unwrap_or(usize::MAX),
         })
         .collect())

@@ -87,6 +87,49 @@ pub fn length_order(encoded: &[Encoded]) -> Vec<usize> {
     order
 }
 
+/// The raw label logits of every state, in input order: batches of `batch_size` states of
+/// similar length; `progress` is told how many states each finished round of batches held.
+///
+/// On the CPU one forward pass keeps about one core busy on small shapes, so a round runs as
+/// many batches side by side as the thread pool has threads (each row's logits do not depend on
+/// its batch, so the result is the same); on a GPU batches go one after another.
+pub fn logits_in_batches(
+    model: &Qwen3,
+    encoded: &[Encoded],
+    pad_id: u32,
+    batch_size: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Vec<Vec<f64>> {
+    use rayon::prelude::*;
+    let order = length_order(encoded);
+    let chunks: Vec<&[usize]> = order.chunks(batch_size.max(1)).collect();
+    let parallel = model.device() == burn::tensor::Device::flex();
+    let round = if parallel {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
+    let score = |chunk: &&[usize]| {
+        let batch: Vec<&Encoded> = chunk.iter().map(|&i| &encoded[i]).collect();
+        label_logits(model, &batch, pad_id)
+    };
+    let mut out: Vec<Vec<f64>> = vec![Vec::new(); encoded.len()];
+    for group in chunks.chunks(round) {
+        let results: Vec<Vec<Vec<f64>>> = if parallel {
+            group.par_iter().map(score).collect()
+        } else {
+            group.iter().map(score).collect()
+        };
+        for (chunk, rows) in group.iter().zip(results) {
+            for (&i, l) in chunk.iter().zip(rows) {
+                out[i] = l;
+            }
+        }
+        progress(group.iter().map(|c| c.len()).sum());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
