@@ -654,7 +654,10 @@ fn shards_train_the_same_model_as_one_pass() {
             &one.to_toml(),
             &[
                 "model.init=pretrained".into(),
-                format!("model.source={}", toml::Value::String(base.display().to_string())),
+                format!(
+                    "model.source={}",
+                    toml::Value::String(base.display().to_string())
+                ),
                 "train.mode=lora".into(),
                 "lora.rank=2".into(),
                 "lora.alpha=4".into(),
