@@ -225,11 +225,7 @@ fn lora_merge_equals_unmerged() {
         .into_data()
         .try_to_vec::<f32>()
         .unwrap();
-    let diff = unmerged
-        .iter()
-        .zip(&merged)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_abs_diff(&unmerged, &merged);
     assert!(diff < 1e-4, "max |Δ| = {diff}");
     assert!(
         unmerged.iter().zip(&l0).any(|(a, b)| (a - b).abs() > 1e-3),
@@ -420,6 +416,15 @@ max_states = 0
     RunConfig::parse(&text, &[]).unwrap()
 }
 
+/// Largest |a_i - b_i| of two equally long vectors.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "compared vectors differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 fn model_bytes(dir: &Path) -> Vec<f32> {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -487,11 +492,7 @@ fn resume_continues_exactly() {
     }
     let wa = model_bytes(&straight.join("final"));
     let wb = model_bytes(&split.join("final"));
-    let diff = wa
-        .iter()
-        .zip(&wb)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_abs_diff(&wa, &wb);
     assert!(diff <= 1e-5, "final weights differ by {diff}");
     assert!((a.valid_after.accuracy - b2.valid_after.accuracy).abs() < 1e-9);
     // the run folder holds what the exporter and the demo read
@@ -634,11 +635,7 @@ fn shards_train_the_same_model_as_one_pass() {
     let (s2b, w2b) = run(&sharded, "two-again");
     assert_eq!(w2, w2b, "a sharded run reproduces bit for bit");
     assert_eq!(s2.final_train_loss, s2b.final_train_loss);
-    let diff = w1
-        .iter()
-        .zip(&w2)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_abs_diff(&w1, &w2);
     assert!(diff <= 1e-4, "full: sharded weights differ by {diff}");
     assert!(
         (s1.final_train_loss.unwrap() - s2.final_train_loss.unwrap()).abs() <= 1e-4,
@@ -676,11 +673,7 @@ fn shards_train_the_same_model_as_one_pass() {
     let (_, l3) = run(&lora(3), "lora-three");
     let moved = l1.iter().zip(&model_bytes(&base)).any(|(x, y)| x != y);
     assert!(moved, "the LoRA run changed the merged weights");
-    let diff = l1
-        .iter()
-        .zip(&l3)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_abs_diff(&l1, &l3);
     assert!(diff <= 1e-4, "LoRA: sharded weights differ by {diff}");
 }
 
