@@ -8,11 +8,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 /// A file being written; it appears at its final path only on [`AtomicFile::commit`].
-/// Dropped without commit, the temporary file is removed.
+/// Dropped without commit, or when the commit fails at any step (write, sync, rename), the
+/// temporary file is removed.
 pub struct AtomicFile {
     target: PathBuf,
     tmp: PathBuf,
     writer: Option<BufWriter<File>>,
+    /// Set once the rename has succeeded: from then on the temporary name no longer exists.
+    renamed: bool,
 }
 
 impl AtomicFile {
@@ -31,6 +34,7 @@ impl AtomicFile {
             target,
             tmp,
             writer: Some(BufWriter::with_capacity(1 << 20, file)),
+            renamed: false,
         })
     }
 
@@ -38,7 +42,8 @@ impl AtomicFile {
         &self.target
     }
 
-    /// Flush, fsync, rename into place and fsync the folder.
+    /// Flush, fsync, rename into place and fsync the folder. On failure the temporary file is
+    /// removed (when `self` drops) and the target is left as it was.
     pub fn commit(mut self) -> Result<()> {
         let writer = self.writer.take().expect("writer present until commit");
         let file = writer
@@ -55,6 +60,7 @@ impl AtomicFile {
                 self.target.display()
             )
         })?;
+        self.renamed = true;
         sync_dir(&parent_dir(&self.target));
         Ok(())
     }
@@ -77,7 +83,9 @@ impl Write for AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.writer.take().is_some() {
+        // Close the file first (the writer is still here when not committed).
+        drop(self.writer.take());
+        if !self.renamed {
             let _ = fs::remove_file(&self.tmp);
         }
     }
@@ -134,6 +142,31 @@ mod tests {
         assert_eq!(fs::read(&target).unwrap(), b"whole");
         write_atomic(&target, b"again").unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"again");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn failed_rename_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty folder at the target: renaming a file onto it fails.
+        let target = dir.path().join("out.json");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("keep"), b"x").unwrap();
+        let mut f = AtomicFile::create(&target).unwrap();
+        f.write_all(b"data").unwrap();
+        let e = f.commit().expect_err("rename onto a non-empty folder");
+        assert!(format!("{e:#}").contains("renaming"), "{e:#}");
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            left,
+            vec!["out.json".to_string()],
+            "temporary file left behind"
+        );
+        assert_eq!(fs::read(target.join("keep")).unwrap(), b"x");
+        assert!(write_atomic(&target, b"y").is_err());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }
