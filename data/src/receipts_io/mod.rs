@@ -152,6 +152,9 @@ pub fn for_each_receipt(
                     if buf.last() == Some(&b'\n') {
                         buf.pop();
                     }
+                    if row == 1 {
+                        crate::states_io::strip_bom(&mut buf);
+                    }
                     if buf.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }

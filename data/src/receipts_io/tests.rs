@@ -324,3 +324,21 @@ fn unknown_extension_and_missing_columns_are_errors() {
     let e = read_receipts(&[p], &ReadOptions::default()).unwrap_err();
     assert!(format!("{e:#}").contains("unknown format"), "{e:#}");
 }
+
+#[test]
+fn jsonl_with_a_byte_order_mark_reads_its_first_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bom.jsonl");
+    let mut bytes = crate::states_io::UTF8_BOM.to_vec();
+    bytes.extend(MIXED.as_bytes());
+    fs::write(&path, &bytes).unwrap();
+    let opts = ReadOptions {
+        outcome: patterns(),
+        progress: false,
+    };
+    let (good, bad, _) = read_receipts(&[path], &opts).unwrap();
+    let (plain_good, plain_bad, _, _d) = read_mixed();
+    assert_eq!(good, plain_good);
+    assert_eq!(bad.len(), plain_bad.len());
+    assert_eq!(by_id(&good, "c1").point, "tool");
+}

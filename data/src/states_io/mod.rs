@@ -366,6 +366,9 @@ impl Iterator for JsonlLines {
                     if line.last() == Some(&b'\n') {
                         line.pop();
                     }
+                    if self.line_no == 1 {
+                        strip_bom(&mut line);
+                    }
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
@@ -380,6 +383,18 @@ impl Iterator for JsonlLines {
                 }
             }
         }
+    }
+}
+
+/// The UTF-8 byte-order mark some editors (Notepad, Excel's "CSV UTF-8") put at the start of a
+/// text file.
+pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Drop a UTF-8 byte-order mark from the start of `line` (a JSON Lines file's first line): it is
+/// not part of the JSON, and serde_json would report it as "expected value at line 1 column 1".
+pub fn strip_bom(line: &mut Vec<u8>) {
+    if line.starts_with(UTF8_BOM) {
+        line.drain(..UTF8_BOM.len());
     }
 }
 

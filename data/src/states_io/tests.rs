@@ -466,3 +466,31 @@ fn writers_are_atomic() {
     );
     assert!(StateWriter::create(dir.path().join("out.csv")).is_err());
 }
+
+#[test]
+fn jsonl_with_a_byte_order_mark_reads_its_first_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bom.jsonl");
+    let mut bytes = UTF8_BOM.to_vec();
+    for i in 0..2 {
+        bytes.extend(serde_json::to_vec(&sample_state(i)).unwrap());
+        bytes.push(b'\n');
+    }
+    fs::write(&path, &bytes).unwrap();
+    let rows = read_all(&[path]);
+    assert_eq!(rows.len(), 2);
+    for (i, r) in rows.into_iter().enumerate() {
+        let row =
+            r.unwrap_or_else(|b| panic!("row {}: {:?}", i + 1, b.lines().collect::<Vec<_>>()));
+        assert_eq!(row.value, sample_state(i));
+    }
+    // Only a leading mark is dropped: one before a later line is still an error.
+    let path = dir.path().join("bom-late.jsonl");
+    let mut bytes = serde_json::to_vec(&sample_state(0)).unwrap();
+    bytes.push(b'\n');
+    bytes.extend(UTF8_BOM);
+    bytes.extend(serde_json::to_vec(&sample_state(1)).unwrap());
+    fs::write(&path, &bytes).unwrap();
+    let rows = read_all(&[path]);
+    assert!(rows[0].is_ok() && rows[1].is_err());
+}
