@@ -7,12 +7,12 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use decision_data::Quarantine;
-use decision_data::receipts_io::{ReadOptions, for_each_receipt, receipt_files};
+use decision_data::receipts_io::{ReadOptions, for_each_unique_receipt, receipt_files};
 
 use crate::aggregate::Aggregate;
 use crate::config::FitConfig;
 use crate::drift::{self, Previous};
+use crate::outputs::Outputs;
 use crate::report;
 use crate::thresholds::{self, PointFit, SCHEMA, Source, Thresholds};
 
@@ -67,6 +67,11 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Fit, write thresholds.json, the quarantine and (when asked) the report.
+///
+/// Each receipt id counts once: a later copy with the same body is dropped (counted in
+/// `source.duplicates`), one with another body is a bad record. Every output is opened before a
+/// receipt is read and all are published together at the end, thresholds.json last; an input
+/// without a single valid receipt is an error, and then nothing is written.
 pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     // Everything that can be refused is refused before a receipt is read.
     let config = FitConfig::load(&args.config)?;
@@ -96,15 +101,18 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
         }
     }
 
+    // A folder that cannot be written stops the run here, before the long read.
+    let mut staged = Outputs::open(&args.out, &quarantine, args.report.as_deref())?;
+
     let cuts = previous.as_ref().map(Previous::cuts).unwrap_or_default();
     let mut agg = Aggregate::new(&config, cuts);
-    let mut q = Quarantine::create(&quarantine)?;
     let mut bad_lines: Vec<String> = Vec::new();
     let opts = ReadOptions {
         outcome: config.outcome.clone(),
         progress: true,
     };
-    let summary = for_each_receipt(&args.receipts, &opts, |item| {
+    let q = staged.quarantine();
+    let summary = for_each_unique_receipt(&args.receipts, &opts, |item| {
         match item {
             Ok(r) => agg.add(r),
             Err(b) => {
@@ -117,7 +125,31 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
         }
         Ok(())
     })?;
-    debug_assert_eq!(summary.records, agg.records);
+    debug_assert_eq!(summary.records, agg.records + summary.duplicates);
+    if agg.valid() == 0 {
+        let inputs: Vec<String> = summary
+            .files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect();
+        let what = if summary.records == 0 {
+            "no receipts at all".to_string()
+        } else {
+            format!(
+                "{} records, every one bad{}",
+                summary.records,
+                bad_lines
+                    .iter()
+                    .take(5)
+                    .map(|l| format!("\n  {l}"))
+                    .collect::<String>()
+            )
+        };
+        anyhow::bail!(
+            "no valid receipts to fit in {}: {what}\nnothing was written",
+            inputs.join(", ")
+        );
+    }
 
     let points: BTreeMap<String, PointFit> = agg
         .points
@@ -134,8 +166,9 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
                 .map(|f| f.display().to_string())
                 .collect(),
             sha256: summary.sha256.clone(),
-            records: agg.records,
+            records: summary.records,
             bad: agg.bad,
+            duplicates: summary.duplicates,
             valid: agg.valid(),
             quarantine: quarantine
                 .file_name()
@@ -146,11 +179,15 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let drift_rows = previous
         .as_ref()
         .map(|p| drift::compare(p, &agg.points, &t.points));
-    thresholds::write(&args.out, &t)?;
-    q.finish()?;
-    if let Some(dir) = &args.report {
-        report::write(dir, &t, drift_rows.as_deref(), &bad_lines, agg.bad)?;
-    }
+    let rendered = match &args.report {
+        None => None,
+        Some(_) => {
+            let md = report::markdown(&t, drift_rows.as_deref(), &bad_lines, agg.bad);
+            let html = report::html(&t, &md)?;
+            Some((md, html))
+        }
+    };
+    staged.publish(&t, rendered)?;
     Ok(FitOutcome {
         thresholds: t,
         aggregate: agg,
@@ -176,12 +213,20 @@ pub fn run(args: FitArgs) -> Result<ExitCode> {
             t.source.bad
         );
     }
+    if t.source.duplicates > 0 {
+        eprintln!(
+            "note: {} receipts repeat an id already read with the same body and were counted once \
+             (the same file given twice, overlapping folders, or a receipt in two shards?)",
+            t.source.duplicates
+        );
+    }
     println!(
-        "read {} receipts from {} file(s): {} valid, {} bad{}",
+        "read {} receipts from {} file(s): {} valid, {} bad, {} duplicates dropped{}",
         t.source.records,
         t.source.files.len(),
         t.source.valid,
         t.source.bad,
+        t.source.duplicates,
         if t.source.bad > 0 {
             format!(" (quarantined in {})", out.quarantine.display())
         } else {

@@ -12,6 +12,7 @@ pub mod bounds;
 pub mod cli;
 pub mod config;
 pub mod drift;
+mod outputs;
 pub mod policy;
 pub mod report;
 pub mod synth;

@@ -263,11 +263,12 @@ pub fn markdown(
     let _ = writeln!(s, "# Threshold fit\n");
     let _ = writeln!(
         s,
-        "Fitted {} from {} ({} records, {} bad, sha256 `{}`).\n",
+        "Fitted {} from {} ({} records, {} bad, {} duplicates dropped, sha256 `{}`).\n",
         t.fitted_at,
         t.source.files.join(", "),
         t.source.records,
         t.source.bad,
+        t.source.duplicates,
         t.source.sha256
     );
     let _ = writeln!(

@@ -1,5 +1,6 @@
 //! `thresholds.json` (contracts section 4, schema `decision-thresholds/1`): what the fit writes
 //! and the harness reads. Fields beyond the contract's example (additive): `source.valid`,
+//! `source.duplicates`,
 //! per point `records` (valid records of the point), `counts` (the category counts behind
 //! `judged` and `rates`), `rates.unknown` and `rates.rejected_by`, `policy.bucket_width` and the
 //! cost parameters, and per bucket `mean_confidence` and `accepted`.
@@ -30,10 +31,14 @@ pub struct Source {
     pub files: Vec<String>,
     /// SHA-256 of the input files' bytes, concatenated in the order of `files`.
     pub sha256: String,
-    /// Records read, good and bad.
+    /// Records read, good and bad, duplicates included.
     pub records: u64,
+    /// Bad records, a duplicate id with a different body included.
     pub bad: u64,
-    /// `records − bad`: the records counted in the points.
+    /// Records dropped because a record with the same id and body was read before (the same
+    /// file twice, overlapping folders, a receipt in two shards): each id counts once.
+    pub duplicates: u64,
+    /// `records − bad − duplicates`: the records counted in the points.
     pub valid: u64,
     /// The quarantine file's name (it lies beside thresholds.json).
     pub quarantine: Option<String>,

@@ -12,6 +12,7 @@
 //! Lines line exactly as read, a Parquet row as one JSON object of its flattened values. Only I/O failures and files that are not receipts at all
 //! (a Parquet file without the required columns) are errors.
 
+mod dedup;
 mod line;
 mod outcome;
 mod parquet_io;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
+pub use dedup::{Seen, SeenIds};
 pub use line::{keel_stage_to_point, keel_validation};
 pub use outcome::OutcomePatterns;
 pub use parquet_io::{
@@ -60,9 +62,12 @@ pub struct ReadSummary {
     pub files: Vec<PathBuf>,
     /// SHA-256 of the files' bytes concatenated in that order (`cat FILES | sha256sum`).
     pub sha256: String,
-    /// Records read, good and bad (blank lines are not records).
+    /// Records read, good and bad (blank lines are not records), duplicates included.
     pub records: u64,
     pub bad: u64,
+    /// Records dropped because a record with the same id and body came first (only
+    /// [`for_each_unique_receipt`] looks; a same id with another body is bad instead).
+    pub duplicates: u64,
     /// Good records by shape.
     pub contract: u64,
     pub keel: u64,
@@ -106,6 +111,27 @@ impl<R: Read> Read for Hashing<'_, R> {
 pub fn for_each_receipt(
     paths: &[PathBuf],
     opts: &ReadOptions,
+    f: impl FnMut(std::result::Result<&Receipt, &BadRow>) -> Result<()>,
+) -> Result<ReadSummary> {
+    read_all(paths, opts, None, f)
+}
+
+/// [`for_each_receipt`], counting each receipt id once (see [`SeenIds`]): a later record
+/// with an id already read is dropped when its body is the same (counted in
+/// [`ReadSummary::duplicates`]) and reaches `f` as a bad record (field `id`) when it is not.
+pub fn for_each_unique_receipt(
+    paths: &[PathBuf],
+    opts: &ReadOptions,
+    f: impl FnMut(std::result::Result<&Receipt, &BadRow>) -> Result<()>,
+) -> Result<ReadSummary> {
+    let mut seen = SeenIds::new();
+    read_all(paths, opts, Some(&mut seen), f)
+}
+
+fn read_all(
+    paths: &[PathBuf],
+    opts: &ReadOptions,
+    mut seen: Option<&mut SeenIds>,
     mut f: impl FnMut(std::result::Result<&Receipt, &BadRow>) -> Result<()>,
 ) -> Result<ReadSummary> {
     let files = receipt_files(paths)?;
@@ -161,11 +187,26 @@ pub fn for_each_receipt(
                     s.records += 1;
                     match line::parse_line(&buf, &opts.outcome) {
                         Ok((r, shape)) => {
-                            match shape {
-                                Shape::Keel => s.keel += 1,
-                                _ => s.contract += 1,
+                            match seen.as_deref_mut().map_or(Seen::New, |d| d.check(&r)) {
+                                Seen::New => {
+                                    match shape {
+                                        Shape::Keel => s.keel += 1,
+                                        _ => s.contract += 1,
+                                    }
+                                    f(Ok(&r))?;
+                                }
+                                Seen::Duplicate => s.duplicates += 1,
+                                Seen::Conflict => {
+                                    s.bad += 1;
+                                    let b = BadRow::from_line(
+                                        shared.clone(),
+                                        row,
+                                        buf.clone(),
+                                        vec![dedup::conflict_error(&r)],
+                                    );
+                                    f(Err(&b))?;
+                                }
                             }
-                            f(Ok(&r))?;
                         }
                         Err(e) => {
                             s.bad += 1;
@@ -190,15 +231,22 @@ pub fn for_each_receipt(
                     pb.inc(size * done / nrows.max(1) - before);
                 };
                 let mut good = 0u64;
-                let (rows, bad) =
-                    parquet_io::read_parquet(path, None, &opts.outcome, &mut tick, &mut |item| {
+                let read = parquet_io::read_parquet(
+                    path,
+                    None,
+                    &opts.outcome,
+                    seen.as_deref_mut(),
+                    &mut tick,
+                    &mut |item| {
                         if item.is_ok() {
                             good += 1;
                         }
                         f(item)
-                    })?;
-                s.records += rows;
-                s.bad += bad;
+                    },
+                )?;
+                s.records += read.rows;
+                s.bad += read.bad;
+                s.duplicates += read.duplicates;
                 s.parquet += good;
                 let mut file =
                     File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -220,7 +268,9 @@ pub fn for_each_receipt_in_row_groups(
     outcome: &OutcomePatterns,
     mut f: impl FnMut(std::result::Result<&Receipt, &BadRow>) -> Result<()>,
 ) -> Result<(u64, u64)> {
-    parquet_io::read_parquet(path, Some(row_groups), outcome, &mut |_| {}, &mut f)
+    let read =
+        parquet_io::read_parquet(path, Some(row_groups), outcome, None, &mut |_| {}, &mut f)?;
+    Ok((read.rows, read.bad))
 }
 
 /// SHA-256 of the files' bytes concatenated in order.

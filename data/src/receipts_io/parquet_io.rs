@@ -34,6 +34,7 @@ use parquet::file::properties::WriterProperties;
 use serde_json::{Map, Value, json};
 
 use super::OutcomePatterns;
+use super::dedup::{Seen, SeenIds, conflict_error};
 use super::line::{FieldError, check_pick_offered, valid_point};
 use crate::atomic::AtomicFile;
 use crate::states_io::BadRow;
@@ -802,16 +803,27 @@ pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     ))
 }
 
+/// What [`read_parquet`] counted.
+pub(super) struct ParquetRead {
+    /// Rows read, duplicates included.
+    pub rows: u64,
+    /// Bad rows, conflicting duplicates included.
+    pub bad: u64,
+    /// Rows dropped as exact duplicates of an earlier record.
+    pub duplicates: u64,
+}
+
 /// Read the given row groups (all when `None`) of a Parquet receipts file, calling `f` for every
-/// row in order. `first_row` is the 1-based number of the first row read (row numbers count
-/// from the start of the file). Returns (rows, bad).
+/// row in order (row numbers, 1-based, count from the start of the file). With `seen`, a row
+/// whose id was read before is dropped (same body) or bad (another body), see [`SeenIds`].
 pub(super) fn read_parquet(
     path: &Path,
     row_groups: Option<Vec<usize>>,
     patterns: &OutcomePatterns,
+    mut seen: Option<&mut SeenIds>,
     progress: &mut dyn FnMut(u64),
     f: &mut dyn FnMut(Result<&Receipt, &BadRow>) -> Result<()>,
-) -> Result<(u64, u64)> {
+) -> Result<ParquetRead> {
     let shared_path = Arc::new(path.to_path_buf());
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
@@ -851,6 +863,9 @@ pub(super) fn read_parquet(
     {
         bail!("row groups must be consecutive");
     }
+    if let Some(s) = seen.as_deref_mut() {
+        s.reserve_first(md.file_metadata().num_rows().max(0) as usize);
+    }
     let mut builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
     if let Some(groups) = row_groups {
         builder = builder.with_row_groups(groups);
@@ -859,17 +874,34 @@ pub(super) fn read_parquet(
         .build()
         .with_context(|| format!("reading {}", path.display()))?;
     let mut r = empty_receipt();
-    let (mut rows, mut nbad) = (0u64, 0u64);
+    let mut n = ParquetRead {
+        rows: 0,
+        bad: 0,
+        duplicates: 0,
+    };
     for batch in reader {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
         let cols = Cols::new(&batch, path)?;
         for i in 0..batch.num_rows() {
             row += 1;
-            rows += 1;
+            n.rows += 1;
             match fill(&cols, i, &mut r, patterns) {
-                Ok(()) => f(Ok(&r))?,
+                Ok(()) => match seen.as_deref_mut().map_or(Seen::New, |s| s.check(&r)) {
+                    Seen::New => f(Ok(&r))?,
+                    Seen::Duplicate => n.duplicates += 1,
+                    Seen::Conflict => {
+                        n.bad += 1;
+                        let b = BadRow::from_line(
+                            shared_path.clone(),
+                            row,
+                            cols.raw_row(i),
+                            vec![conflict_error(&r)],
+                        );
+                        f(Err(&b))?;
+                    }
+                },
                 Err(e) => {
-                    nbad += 1;
+                    n.bad += 1;
                     let b = BadRow::from_line(shared_path.clone(), row, cols.raw_row(i), vec![e]);
                     f(Err(&b))?;
                     r = empty_receipt();
@@ -878,5 +910,5 @@ pub(super) fn read_parquet(
         }
         progress(batch.num_rows() as u64);
     }
-    Ok((rows, nbad))
+    Ok(n)
 }

@@ -1,0 +1,361 @@
+//! Counting each receipt once. The same receipts reach a reader twice more often than one would
+//! think: a file given twice, folders that overlap, a shard copied into the next month's folder.
+//! Receipts carry ids, so a receipt whose id was seen before is a duplicate: dropped (and
+//! counted) when its body is the same, a bad record when it is not (two different decisions
+//! under one id; the first one read is kept).
+//!
+//! The set of seen ids grows with the input, so it is kept small: per distinct id, 96 bits of
+//! the id's hash and 32 bits of the body's hash, 16 bytes in a hash table (17 with its control
+//! byte; at the table's load of 7/8 to 7/16, 19 to 39 bytes per distinct receipt). Two different
+//! ids share a 96-bit key with probability about n² / 2⁹⁷ (6·10⁻¹² for a billion receipts);
+//! two different bodies under one id look alike with probability 2⁻³², and then the copy is
+//! dropped as a duplicate instead of being reported.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+
+use twox_hash::XxHash64;
+
+use crate::states_io::FieldError;
+use crate::{Receipt, ReceiptResult};
+
+/// What [`SeenIds::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// The first record with this id.
+    New,
+    /// Same id, same body as the first: drop it.
+    Duplicate,
+    /// Same id, different body: a bad record.
+    Conflict,
+}
+
+/// 96 bits of the id's hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IdKey([u32; 3]);
+
+impl Hash for IdKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        // The key is already a hash (xxh64): its first 64 bits are the table's hash.
+        h.write_u64((u64::from(self.0[0]) << 32) | u64::from(self.0[1]));
+    }
+}
+
+/// Passes the key's own bits through (see [`IdKey`]'s `Hash`).
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for IdKey; kept correct for any other use.
+        self.0 = XxHash64::oneshot(self.0, bytes);
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The ids seen so far, each with a hash of its record's body.
+#[derive(Default)]
+pub struct SeenIds {
+    map: HashMap<IdKey, u32, BuildHasherDefault<PassThrough>>,
+    /// Reused for encoding bodies.
+    buf: Vec<u8>,
+}
+
+fn id_key(id: &str) -> IdKey {
+    let a = XxHash64::oneshot(0, id.as_bytes());
+    let b = XxHash64::oneshot(0x9e37_79b9_7f4a_7c15, id.as_bytes());
+    IdKey([(a >> 32) as u32, a as u32, (b >> 32) as u32])
+}
+
+fn put_str(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn put_opt(buf: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        None => buf.push(0),
+        Some(s) => {
+            buf.push(1);
+            put_str(buf, s);
+        }
+    }
+}
+
+/// Every field but the id, length-prefixed so that no two different bodies encode alike.
+fn encode_body(r: &Receipt, buf: &mut Vec<u8>) {
+    buf.clear();
+    put_str(buf, &r.at);
+    put_str(buf, &r.point);
+    put_opt(buf, r.model.as_deref());
+    buf.extend_from_slice(&(r.candidates.len() as u64).to_le_bytes());
+    for c in &r.candidates {
+        put_str(buf, c);
+    }
+    match &r.result {
+        ReceiptResult::Abstain => buf.push(0),
+        ReceiptResult::Pick { id, confidence } => {
+            buf.push(1);
+            put_str(buf, id);
+            // -0.0 and 0.0 are the same confidence
+            let c = if *confidence == 0.0 { 0.0 } else { *confidence };
+            buf.extend_from_slice(&c.to_bits().to_le_bytes());
+        }
+    }
+    put_str(buf, r.validation.as_str());
+    match &r.fallback {
+        None => buf.push(0),
+        Some(f) => {
+            buf.push(1 + u8::from(f.used));
+            put_opt(buf, f.to.as_deref());
+            put_opt(buf, f.reason.as_deref());
+        }
+    }
+    match &r.outcome {
+        None => buf.push(0),
+        Some(o) => {
+            buf.push(1);
+            put_str(buf, o.status.as_str());
+            match o.duration_ms {
+                None => buf.push(0),
+                Some(d) => {
+                    buf.push(1);
+                    buf.extend_from_slice(&d.to_le_bytes());
+                }
+            }
+            match o.retries {
+                None => buf.push(0),
+                Some(n) => {
+                    buf.push(1);
+                    buf.extend_from_slice(&n.to_le_bytes());
+                }
+            }
+        }
+    }
+    put_opt(buf, r.shadow.as_ref().map(|s| s.reference.as_str()));
+    put_opt(buf, r.observed_outcome.as_deref());
+}
+
+impl SeenIds {
+    pub fn new() -> SeenIds {
+        SeenIds::default()
+    }
+
+    /// Record `r`'s id; say whether it was seen before and, if so, with the same body.
+    pub fn check(&mut self, r: &Receipt) -> Seen {
+        encode_body(r, &mut self.buf);
+        let body = XxHash64::oneshot(1, &self.buf) as u32;
+        match self.map.entry(id_key(&r.id)) {
+            Entry::Vacant(e) => {
+                e.insert(body);
+                Seen::New
+            }
+            Entry::Occupied(e) if *e.get() == body => Seen::Duplicate,
+            Entry::Occupied(_) => Seen::Conflict,
+        }
+    }
+
+    /// Make room for `n` more ids at once when nothing was seen yet (a Parquet file's row count
+    /// is known up front): one allocation instead of growing, whose copy briefly holds the old
+    /// table and the new one. Later files are not reserved for, since they may repeat ids.
+    pub fn reserve_first(&mut self, n: usize) {
+        if self.map.is_empty() {
+            self.map.reserve(n);
+        }
+    }
+
+    /// Distinct ids seen.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Heap bytes of the table: its buckets (16 bytes each) and their control bytes.
+    pub fn heap_bytes(&self) -> usize {
+        let cap = self.map.capacity();
+        if cap == 0 {
+            return 0;
+        }
+        // hashbrown keeps at most 7/8 of its (power-of-two) buckets full, all of them below 8
+        let buckets = if cap < 8 {
+            (cap + 1).next_power_of_two()
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
+        buckets * (std::mem::size_of::<(IdKey, u32)>() + 1) + 16
+    }
+}
+
+/// The error a conflicting duplicate is reported with.
+pub fn conflict_error(r: &Receipt) -> FieldError {
+    FieldError::new(
+        "id",
+        format!(
+            "duplicate id {:?} with a different body than the record read first under it (that one is counted)",
+            r.id
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fallback, Outcome, OutcomeStatus, Shadow, Validation};
+
+    fn receipt(id: &str) -> Receipt {
+        Receipt {
+            id: id.into(),
+            at: "2026-11-30T12:00:00Z".into(),
+            point: "tool".into(),
+            model: Some("m".into()),
+            candidates: vec!["a".into(), "b".into()],
+            result: ReceiptResult::Pick {
+                id: "a".into(),
+                confidence: 0.9,
+            },
+            validation: Validation::Accepted,
+            fallback: Some(Fallback {
+                used: false,
+                to: None,
+                reason: None,
+            }),
+            outcome: Some(Outcome {
+                status: OutcomeStatus::Success,
+                duration_ms: Some(5),
+                retries: Some(0),
+            }),
+            shadow: Some(Shadow {
+                reference: "a".into(),
+            }),
+            observed_outcome: Some("ok".into()),
+        }
+    }
+
+    #[test]
+    fn same_id_same_body_is_a_duplicate_a_different_body_a_conflict() {
+        let mut s = SeenIds::new();
+        assert_eq!(s.check(&receipt("r1")), Seen::New);
+        assert_eq!(s.check(&receipt("r2")), Seen::New);
+        assert_eq!(s.check(&receipt("r1")), Seen::Duplicate);
+        // every field of the body counts
+        let changes: Vec<Box<dyn Fn(&mut Receipt)>> = vec![
+            Box::new(|r| r.at = "2026-11-30T12:00:01Z".into()),
+            Box::new(|r| r.point = "args".into()),
+            Box::new(|r| r.model = None),
+            Box::new(|r| r.candidates.push("c".into())),
+            Box::new(|r| r.candidates = vec!["ab".into()]),
+            Box::new(|r| r.result = ReceiptResult::Abstain),
+            Box::new(|r| {
+                r.result = ReceiptResult::Pick {
+                    id: "a".into(),
+                    confidence: 0.91,
+                }
+            }),
+            Box::new(|r| r.validation = Validation::RejectedStale),
+            Box::new(|r| r.fallback.as_mut().unwrap().used = true),
+            Box::new(|r| r.fallback = None),
+            Box::new(|r| r.outcome.as_mut().unwrap().status = OutcomeStatus::Failure),
+            Box::new(|r| r.outcome.as_mut().unwrap().duration_ms = Some(6)),
+            Box::new(|r| r.outcome.as_mut().unwrap().retries = None),
+            Box::new(|r| r.shadow = None),
+            Box::new(|r| r.observed_outcome = Some("ko".into())),
+        ];
+        for (k, change) in changes.iter().enumerate() {
+            let mut r = receipt("r1");
+            change(&mut r);
+            assert_eq!(s.check(&r), Seen::Conflict, "change {k}");
+        }
+        assert_eq!(s.len(), 2, "conflicts add no ids");
+        // the first body stays the reference
+        assert_eq!(s.check(&receipt("r1")), Seen::Duplicate);
+        assert_eq!(s.check(&receipt("r3")), Seen::New);
+    }
+
+    #[test]
+    fn fields_do_not_run_into_each_other() {
+        let mut s = SeenIds::new();
+        let mut a = receipt("x");
+        a.candidates = vec!["a".into(), "bc".into()];
+        let mut b = receipt("x");
+        b.candidates = vec!["ab".into(), "c".into()];
+        assert_eq!(s.check(&a), Seen::New);
+        assert_eq!(s.check(&b), Seen::Conflict);
+        let mut c = receipt("y");
+        c.model = Some(String::new());
+        let mut d = receipt("y");
+        d.model = None;
+        assert_eq!(s.check(&c), Seen::New);
+        assert_eq!(s.check(&d), Seen::Conflict);
+    }
+
+    /// The figures in the README, one process each (peak RSS from /proc, so Linux only):
+    /// `cargo test -p decision-data --lib -- --ignored --nocapture --exact
+    /// receipts_io::dedup::tests::ten_million_ids_grown` (and `_reserved`).
+    fn ten_million_ids(reserve: bool) {
+        fn peak_rss() -> u64 {
+            let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024)
+        }
+        let n = 10_000_000;
+        let before = peak_rss();
+        let mut s = SeenIds::new();
+        if reserve {
+            s.reserve_first(n);
+        }
+        let mut r = receipt("");
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            r.id.clear();
+            std::fmt::Write::write_fmt(&mut r.id, format_args!("r{i:09}")).unwrap();
+            assert_eq!(s.check(&r), Seen::New);
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "reserve {reserve}: {n} ids in {secs:.2} s ({:.0} ns each), table {} MB ({:.1} B/id), peak RSS +{} MB",
+            secs * 1e9 / n as f64,
+            s.heap_bytes() / 1_000_000,
+            s.heap_bytes() as f64 / n as f64,
+            peak_rss().saturating_sub(before) / 1_000_000
+        );
+        assert!(s.heap_bytes() as f64 / (n as f64) < 40.0);
+    }
+
+    #[test]
+    #[ignore = "measurement, 10 M ids: run by hand"]
+    fn ten_million_ids_grown() {
+        ten_million_ids(false);
+    }
+
+    #[test]
+    #[ignore = "measurement, 10 M ids: run by hand"]
+    fn ten_million_ids_reserved() {
+        ten_million_ids(true);
+    }
+
+    #[test]
+    fn many_ids_stay_distinct_and_the_table_stays_small() {
+        let mut s = SeenIds::new();
+        let n = 200_000;
+        for i in 0..n {
+            assert_eq!(s.check(&receipt(&format!("r{i:09}"))), Seen::New, "{i}");
+        }
+        for i in (0..n).step_by(997) {
+            assert_eq!(s.check(&receipt(&format!("r{i:09}"))), Seen::Duplicate);
+        }
+        assert_eq!(s.len(), n);
+        let per = s.heap_bytes() as f64 / n as f64;
+        assert!((17.0..=40.0).contains(&per), "{per} bytes per receipt");
+    }
+}
