@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
+use crate::paths::IoCheck;
 use crate::progress;
 use crate::quarantine::{Quarantine, errors_path};
 use crate::split::SplitRatios;
@@ -96,6 +97,13 @@ pub struct StatsArgs {
 }
 
 fn validate(a: ValidateArgs) -> Result<ExitCode> {
+    if let Some(q) = &a.quarantine {
+        IoCheck::new()
+            .inputs("the input", &a.paths)
+            .output_file("--quarantine", q)
+            .output_file("--quarantine (its errors file)", errors_path(q))
+            .check()?;
+    }
     let reader = StateReader::open(&a.paths)?;
     let files = reader.files().len();
     let pb = progress::bar(reader.row_count_hint(), "rows");

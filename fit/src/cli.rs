@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Args;
 use decision_data::receipts_io::{ReadOptions, for_each_unique_receipt, receipt_files};
 
@@ -59,13 +59,6 @@ pub fn quarantine_path(out: &Path) -> PathBuf {
     out.with_file_name(format!("{stem}.quarantine.jsonl"))
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
-}
-
 /// Fit, write thresholds.json, the quarantine and (when asked) the report.
 ///
 /// Each receipt id counts once: a later copy with the same body is dropped (counted in
@@ -79,30 +72,30 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let files = receipt_files(&args.receipts)?;
     let quarantine = quarantine_path(&args.out);
     let errors_file = decision_data::quarantine::errors_path(&quarantine);
-    let mut written = vec![&args.out, &quarantine, &errors_file];
-    let report_files: Vec<PathBuf> = args
-        .report
-        .iter()
-        .flat_map(|d| [d.join("report.md"), d.join("report.html")])
-        .collect();
-    written.extend(report_files.iter());
-    for w in &written {
-        if let Some(f) = files.iter().find(|f| same_file(f, w)) {
-            bail!("{} is an input; refusing to overwrite it", f.display());
+    // No output may land on an input (decision_data::paths). --previous may be replaced by --out:
+    // naming it there is the explicit way to update the thresholds in place.
+    let outputs = |io: &mut IoCheck, with_out: bool| {
+        if with_out {
+            io.output_file("--out", &args.out);
         }
-        if let Some(p) = &args.previous
-            && *w != &args.out
-            && same_file(p, w)
-        {
-            bail!(
-                "{} is the --previous file; refusing to overwrite it",
-                p.display()
-            );
+        io.output_file("--out's quarantine", &quarantine)
+            .output_file("--out's quarantine errors file", &errors_file);
+        if let Some(d) = &args.report {
+            io.output_folder("--report", d);
         }
+    };
+    let mut io = IoCheck::new();
+    io.inputs("--receipts", &args.receipts)
+        .inputs("--receipts", &files)
+        .input("--config", &args.config);
+    outputs(&mut io, true);
+    io.check()?;
+    if let Some(p) = &args.previous {
+        let mut io = IoCheck::new();
+        io.input("--previous", p);
+        outputs(&mut io, false);
+        io.check()?;
     }
-
-    // A folder that cannot be written stops the run here, before the long read.
-    let mut staged = Outputs::open(&args.out, &quarantine, args.report.as_deref())?;
 
     let cuts = previous.as_ref().map(Previous::cuts).unwrap_or_default();
     let mut agg = Aggregate::new(&config, cuts);
