@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
+use decision_data::paths::IoCheck;
 use decision_data::receipts_io::{ReadOptions, for_each_unique_receipt, receipt_files};
 
 use crate::aggregate::Aggregate;
@@ -96,6 +97,9 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
         outputs(&mut io, false);
         io.check()?;
     }
+
+    // A folder that cannot be written stops the run here, before the long read.
+    let mut staged = Outputs::open(&args.out, &quarantine, args.report.as_deref())?;
 
     let cuts = previous.as_ref().map(Previous::cuts).unwrap_or_default();
     let mut agg = Aggregate::new(&config, cuts);
