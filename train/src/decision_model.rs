@@ -53,8 +53,14 @@ pub fn default_spec(tokenizer: &Tokenizer) -> DecisionSpec {
 impl DecisionModel {
     /// Load from a local folder or a Hub id (`owner/name[@revision]`).
     pub fn load(src: &str, opts: &LoadOptions) -> Result<Self> {
+        Self::load_as(src, src, opts)
+    }
+
+    /// As [`DecisionModel::load`], with `label` (the flag or key and its value, `--run X`)
+    /// leading the messages about where the model is.
+    pub fn load_as(label: &str, src: &str, opts: &LoadOptions) -> Result<Self> {
         let env = opts.hub.clone().unwrap_or_else(HubEnv::from_env);
-        let dir = hub::resolve(src, &env)?;
+        let dir = hub::resolve_as(label, src, &env)?;
         Self::load_dir(&dir, opts)
     }
 

@@ -101,8 +101,28 @@ const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
 /// Files a model folder may have.
 const OPTIONAL: [&str; 2] = [crate::spec::FILE, "generation_config.json"];
 
-/// Resolve `--model`: an existing folder, else a Hub id.
+/// Resolve `--model`: an existing folder, else a Hub id. Messages name the source as given; see
+/// [`resolve_as`] to name the flag or key it came from.
 pub fn resolve(src: &str, env: &HubEnv) -> Result<ModelDir> {
+    resolve_as(src, src, env)
+}
+
+/// Does `src` name a local path rather than a Hub id? `./x`, `../x`, `/x`, `~/x`, `.`, `..`, a
+/// Windows path, a trailing `/`, or `a/b` where the folder `a` exists here.
+pub fn looks_like_path(src: &str) -> bool {
+    let path = Path::new(src);
+    src.starts_with(['.', '/', '~', '\\'])
+        || src.contains('\\')
+        || src.ends_with('/')
+        || path.is_absolute()
+        || (src.len() > 1 && src.as_bytes()[0].is_ascii_alphabetic() && src.as_bytes()[1] == b':')
+        || path
+            .parent()
+            .is_some_and(|p| !p.as_os_str().is_empty() && p.is_dir())
+}
+
+/// As [`resolve`], with `label` (`--model X`, `--run X`, `model.source X`) leading every message.
+pub fn resolve_as(label: &str, src: &str, env: &HubEnv) -> Result<ModelDir> {
     let path = Path::new(src);
     if path.is_dir() {
         return Ok(ModelDir {
@@ -112,22 +132,42 @@ pub fn resolve(src: &str, env: &HubEnv) -> Result<ModelDir> {
     }
     if path.exists() {
         bail!(
-            "--model {src}: is a file; give the model's folder (config.json, model.safetensors, tokenizer.json)"
+            "{label}: is a file; give the model's folder (config.json, model.safetensors, tokenizer.json)"
+        );
+    }
+    if looks_like_path(src) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let why = match parent {
+            Some(p) if !p.is_dir() => format!(" (nor does its parent folder {})", p.display()),
+            _ => String::new(),
+        };
+        bail!(
+            "{label}: no such folder: {src} does not exist{why}. A model is a local folder \
+             (config.json, model.safetensors, tokenizer.json) or a Hub id owner/name[@revision]"
         );
     }
     let Some(id) = HubId::parse(src) else {
-        bail!("--model {src}: no such folder, and not a Hub id of the form owner/name[@revision]");
+        bail!("{label}: no such folder, and not a Hub id of the form owner/name[@revision]");
     };
     if env.offline {
         resolve_cached(&id, env).with_context(|| {
-            format!("--model {src}: HF_HUB_OFFLINE is set and the model is not complete in the cache {}", env.cache_dir.display())
+            format!(
+                "{label}: no local folder {src}, and as a Hub id: HF_HUB_OFFLINE is set and the \
+                 model is not complete in the cache {}",
+                env.cache_dir.display()
+            )
         })
     } else {
         match resolve_cached(&id, env) {
             Ok(dir) => Ok(dir),
-            Err(_) => {
-                download(&id, env).with_context(|| format!("--model {src}: fetching from the Hub"))
-            }
+            Err(cached) => download(&id, env).with_context(|| {
+                format!(
+                    "{label}: no local folder {src}; as a Hub id it is not in the cache {} \
+                     ({cached:#}) and fetching it from the Hub failed (offline? set \
+                     HF_HUB_OFFLINE=1 to use only the cache)",
+                    env.cache_dir.display()
+                )
+            }),
         }
     }
 }
@@ -271,6 +311,61 @@ mod tests {
         assert_eq!(HubId::parse("a/b/c"), None);
         assert_eq!(HubId::parse("Qwen/Qwen3@"), None);
         assert_eq!(HubId::parse("../x"), None);
+    }
+
+    fn offline_empty_cache(dir: &Path) -> HubEnv {
+        HubEnv {
+            cache_dir: dir.join("cache"),
+            offline: false,
+            // Nothing listens here: a lookup that is tried fails at once instead of at DNS.
+            endpoint: Some("http://127.0.0.1:9".into()),
+            token: None,
+        }
+    }
+
+    #[test]
+    fn a_missing_local_path_is_not_tried_on_the_hub() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("runs")).unwrap();
+        let env = offline_empty_cache(dir.path());
+        let under = dir.path().join("runs/nope");
+        let under = under.to_str().unwrap();
+        for src in ["./nope", "/x/y", "../m", under, "no-such-dir/"] {
+            let e = format!("{:#}", resolve_as("--run X", src, &env).unwrap_err());
+            assert!(e.starts_with("--run X: no such folder"), "{src}: {e}");
+            assert!(
+                !e.contains("Hub failed") && !e.contains("cache"),
+                "{src}: {e}"
+            );
+        }
+        // The parent folder exists, relative to the current folder: `src/nope` here.
+        assert!(looks_like_path("src/nope"));
+        assert!(!looks_like_path("Qwen/Qwen3-4B"));
+        let e = format!("{:#}", resolve_as("--model m", "/x/y", &env).unwrap_err());
+        assert!(e.contains("its parent folder /x"), "{e}");
+    }
+
+    #[test]
+    fn a_hub_id_missing_from_the_cache_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = offline_empty_cache(dir.path());
+        env.offline = true;
+        let e = format!("{:#}", resolve("tiny-org/absent", &env).unwrap_err());
+        assert!(
+            e.contains("HF_HUB_OFFLINE is set") && e.contains("not in the cache"),
+            "{e}"
+        );
+        env.offline = false;
+        let e = format!(
+            "{:#}",
+            resolve_as("--model x", "tiny-org/absent", &env).unwrap_err()
+        );
+        assert!(
+            e.starts_with("--model x: no local folder tiny-org/absent")
+                && e.contains("not in the cache")
+                && e.contains("fetching it from the Hub failed"),
+            "{e}"
+        );
     }
 
     #[test]
