@@ -67,7 +67,8 @@ fn main() -> ExitCode {
         Command::Gen(Gen::Receipts(args)) => decision_fit::synth::run(args),
         Command::Fit(args) => decision_fit::run(args),
         Command::Score(args) => decision_train::cli::run_score(args),
-        Command::Train(args) => decision_train::trainer::run(&args),
+        Command::Train(args) => decision_train::cli::check_train_args(&args)
+            .and_then(|()| decision_train::trainer::run(&args)),
         Command::Eval(args) => decision_train::eval::run(&args),
         Command::Export(args) => args.run(),
         Command::Bundle(cmd) => cmd.run(),

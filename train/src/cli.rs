@@ -1,11 +1,12 @@
 //! `decision score`: run a decision model over states and write one line of scores per state.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use decision_data::paths::IoCheck;
 use serde_json::json;
 
 use crate::backend::{Backend, Precision};
@@ -43,12 +44,23 @@ pub struct ScoreArgs {
 /// Run `decision score`.
 pub fn run_score(args: ScoreArgs) -> Result<ExitCode> {
     let started = Instant::now();
+    let mut io = IoCheck::new();
+    io.inputs("--data", &args.data)
+        .output_file("--out", &args.out);
+    if Path::new(&args.model).exists() {
+        io.input("--model", &args.model);
+    }
+    io.check()?;
     let opts = LoadOptions {
         backend: args.backend,
         precision: args.dtype,
         hub: None,
     };
-    let model = DecisionModel::load(&args.model, &opts)?;
+    // Opened now, so that an --out that cannot be written fails before the scoring; nothing
+    // appears there (and the temporary file goes) unless every state is scored.
+    let mut out = decision_data::atomic::AtomicFile::create(&args.out)
+        .with_context(|| format!("--out {}", args.out.display()))?;
+    let model = DecisionModel::load_as(&format!("--model {}", args.model), &args.model, &opts)?;
     eprintln!(
         "model {} ({} parameters, {} layers) on {} in {:?}",
         model.origin,
@@ -79,7 +91,6 @@ pub fn run_score(args: ScoreArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
 
-    let mut out = decision_data::atomic::AtomicFile::create(&args.out)?;
     for ((state, enc), sc) in states.iter().zip(&encoded).zip(&scores) {
         let mut line = json!({
             "id": state.id,
@@ -115,4 +126,49 @@ pub fn run_score(args: ScoreArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What reading `src` (a run folder of ours, a model folder, or a Hub id) reads, as inputs of
+/// `io` given as `flag`: for a run folder its `run.toml`, its `final/` model and the states its
+/// config names (not the whole folder: receipts or a bundle may be written beside them); for a
+/// model folder the folder. A Hub id reads nothing local.
+pub fn model_or_run_inputs(io: &mut IoCheck, flag: &str, src: &Path) {
+    let run_toml = src.join("run.toml");
+    if run_toml.is_file() {
+        io.input(flag, &run_toml).input(flag, src.join("final"));
+        if let Ok(cfg) = crate::run_config::RunConfig::load(&run_toml, &[]) {
+            io.input(&format!("{flag}'s data.train"), &cfg.data.train);
+            if let Some(v) = &cfg.data.valid {
+                io.input(&format!("{flag}'s data.valid"), v);
+            }
+        }
+    } else if src.exists() {
+        io.input(flag, src);
+    }
+}
+
+/// `decision train`'s paths, checked before any work: the run folder may not be, hold, or lie
+/// inside the states it trains on or the model it starts from. (The config file may be the run's
+/// own `run.toml`: resuming rewrites it with the same config.)
+pub fn check_train_args(args: &crate::trainer::TrainArgs) -> Result<()> {
+    let cfg = crate::run_config::RunConfig::load(&args.config, &args.set)?;
+    let (flag, run_dir) = match &args.out {
+        Some(o) => ("--out".to_string(), o.clone()),
+        None => {
+            let d = PathBuf::from("runs").join(&cfg.name);
+            (format!("the run folder (runs/<name>: {})", d.display()), d)
+        }
+    };
+    let mut io = IoCheck::new();
+    io.output_folder(&flag, &run_dir)
+        .input("data.train", &cfg.data.train);
+    if let Some(v) = &cfg.data.valid {
+        io.input("data.valid", v);
+    }
+    if let Some(src) = &cfg.model.source
+        && Path::new(src).exists()
+    {
+        io.input("model.source", src);
+    }
+    io.check()
 }

@@ -86,8 +86,10 @@ pub struct Loaded {
 }
 
 /// Load `src`: a run folder of ours (has `run.toml` and `final/`) or a model folder / Hub id.
-pub fn load_model_or_run(src: &str, backend: Backend) -> Result<Loaded> {
+/// `flag` is what the user gave it as (`--run`, `--model`, `--baseline`), for messages.
+pub fn load_model_or_run(flag: &str, src: &str, backend: Backend) -> Result<Loaded> {
     let p = Path::new(src);
+    let label = format!("{flag} {src}");
     let opts = LoadOptions {
         backend,
         ..Default::default()
@@ -103,14 +105,18 @@ pub fn load_model_or_run(src: &str, backend: Backend) -> Result<Loaded> {
                 p.display()
             );
         }
-        let dm = DecisionModel::load(&fin.to_string_lossy(), &opts)?;
+        let dm =
+            DecisionModel::load_as(&format!("{label}: final/"), &fin.to_string_lossy(), &opts)?;
         return Ok(Loaded {
             dm,
             name: cfg.name.clone(),
             run: Some(cfg),
         });
     }
-    let dm = DecisionModel::load(src, &opts)?;
+    if flag == "--run" && !p.is_dir() {
+        bail!("{label}: no such folder (a run folder written by `decision train --out`)");
+    }
+    let dm = DecisionModel::load_as(&label, src, &opts)?;
     Ok(Loaded {
         dm,
         name: src.to_string(),
@@ -361,19 +367,35 @@ pub fn comparison(new: &Report, base: &Report) -> String {
 }
 
 pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
-    let src = match (&args.run, &args.model) {
-        (Some(r), _) => r.to_string_lossy().into_owned(),
-        (None, Some(m)) => m.clone(),
+    let (flag, src) = match (&args.run, &args.model) {
+        (Some(r), _) => ("--run", r.to_string_lossy().into_owned()),
+        (None, Some(m)) => ("--model", m.clone()),
         (None, None) => bail!("give --run RUN_DIR or --model SRC"),
     };
-    let loaded = load_model_or_run(&src, args.backend)?;
+    // Nothing written may land on what is read (the states above all).
+    let mut io = decision_data::paths::IoCheck::new();
+    crate::cli::model_or_run_inputs(&mut io, flag, Path::new(&src));
+    if let Some(b) = &args.baseline {
+        crate::cli::model_or_run_inputs(&mut io, "--baseline", Path::new(b));
+    }
+    if let Some(d) = &args.data {
+        io.input("--data", d);
+    }
+    if let Some(r) = &args.receipts {
+        io.output_file("--receipts", r);
+    }
+    if let Some(r) = &args.report {
+        io.output_file("--report", r);
+    }
+    io.check()?;
+    let loaded = load_model_or_run(flag, &src, args.backend)?;
     let (states, data_name) = match (&args.data, &loaded.run) {
         (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
         (None, Some(cfg)) => {
             let (_, valid) = crate::trainer::load_run_states(cfg, Path::new(&src))?;
             (valid, "the run's validation states".to_string())
         }
-        (None, None) => bail!("--model needs --data STATES"),
+        (None, None) => bail!("{flag} {src} is not a run folder (no run.toml): give --data STATES"),
     };
     if states.is_empty() {
         bail!(
@@ -408,7 +430,7 @@ pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
     println!("{name} on {data_name} (split {}):", args.split);
     print!("{}", table(&report));
     if let Some(b) = &args.baseline {
-        let base = load_model_or_run(b, args.backend)?;
+        let base = load_model_or_run("--baseline", b, args.backend)?;
         let (base_report, _) = evaluate(
             &base.dm,
             &states,
