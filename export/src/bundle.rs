@@ -181,23 +181,92 @@ pub fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
 }
 
 /// A bundle being assembled in a hidden sibling of its final path. Dropped without
-/// [`Staging::publish`], the folder is removed and nothing appears at the final path.
+/// [`Staging::publish`], the folder is removed (with any parent folders it had to create) and
+/// nothing appears at the final path.
 #[derive(Debug)]
 pub struct Staging {
     out: PathBuf,
     tmp: PathBuf,
     replace: bool,
     published: bool,
+    /// The topmost parent folder [`Staging::new`] created, removed again if nothing is published.
+    created: Option<PathBuf>,
+}
+
+/// What `out` holds when it is not something `--force` may replace, in words; `None` when it may
+/// be replaced: an empty folder, or a folder holding a bundle manifest (`manifest.json` with
+/// schema `decision-bundle/...`).
+pub fn not_replaceable(out: &Path) -> Option<String> {
+    let meta = match std::fs::symlink_metadata(out) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("cannot be read ({e})")),
+    };
+    if meta.file_type().is_symlink() {
+        return Some("is a symbolic link, not a bundle folder".into());
+    }
+    if !meta.is_dir() {
+        return Some("is a file, not a bundle folder".into());
+    }
+    let mut names: Vec<String> = match std::fs::read_dir(out) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .map(|e| {
+                let dir = e.file_type().is_ok_and(|t| t.is_dir());
+                format!(
+                    "{}{}",
+                    e.file_name().to_string_lossy(),
+                    if dir { "/" } else { "" }
+                )
+            })
+            .collect(),
+        Err(e) => return Some(format!("cannot be listed ({e})")),
+    };
+    if names.is_empty() {
+        return None;
+    }
+    let manifest = out.join(MANIFEST);
+    let schema = std::fs::read_to_string(&manifest)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|j| j.get("schema")?.as_str().map(str::to_string));
+    match schema {
+        Some(s) if s.starts_with("decision-bundle/") => None,
+        _ => {
+            names.sort();
+            let shown = names.len().min(8);
+            let more = if names.len() > shown {
+                format!(", … ({} entries in all)", names.len())
+            } else {
+                String::new()
+            };
+            Some(format!(
+                "holds {}{more}, and no bundle manifest ({MANIFEST} with schema {SCHEMA})",
+                names[..shown].join(", ")
+            ))
+        }
+    }
 }
 
 impl Staging {
-    /// Prepare to write `out`. An existing `out` is an error unless `replace`.
+    /// Prepare to write `out`, creating the staging folder now (so an unwritable location fails
+    /// before any work). An existing `out` is an error unless `replace`, and even then unless it
+    /// is an empty folder or a bundle (see [`not_replaceable`]): `--force` replaces a bundle,
+    /// never another folder.
     pub fn new(out: &Path, replace: bool) -> Result<Self> {
-        if out.exists() && !replace {
-            bail!(
-                "{} already exists; pass --force to replace it",
-                out.display()
-            );
+        if std::fs::symlink_metadata(out).is_ok() {
+            if !replace {
+                bail!(
+                    "{} already exists; pass --force to replace it",
+                    out.display()
+                );
+            }
+            if let Some(what) = not_replaceable(out) {
+                bail!(
+                    "--out {} {what}; --force replaces only an earlier bundle or an empty \
+                     folder, so it was left as it is: choose another --out",
+                    out.display()
+                );
+            }
         }
         let name = out
             .file_name()
@@ -208,20 +277,40 @@ impl Staging {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        std::fs::create_dir_all(&parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
+        let created = parent
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .last()
+            .map(Path::to_path_buf);
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        // Built before any folder is made, so that Drop removes what was made on any error.
+        let staging = Self {
+            out: out.to_path_buf(),
+            tmp: tmp.clone(),
+            replace,
+            published: false,
+            created,
+        };
+        std::fs::create_dir_all(&parent).with_context(|| {
+            format!(
+                "--out {}: cannot create its parent folder {}",
+                out.display(),
+                parent.display()
+            )
+        })?;
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)
                 .with_context(|| format!("removing stale {}", tmp.display()))?;
         }
-        std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        Ok(Self {
-            out: out.to_path_buf(),
-            tmp,
-            replace,
-            published: false,
-        })
+        std::fs::create_dir(&tmp).with_context(|| {
+            format!(
+                "--out {}: cannot write in {} (creating {})",
+                out.display(),
+                parent.display(),
+                tmp.display()
+            )
+        })?;
+        Ok(staging)
     }
 
     /// The folder being filled.
@@ -229,17 +318,25 @@ impl Staging {
         &self.tmp
     }
 
-    /// Rename the finished folder into place (replacing the old bundle when allowed).
+    /// Rename the finished folder into place (replacing the old bundle when allowed). If the
+    /// rename fails, the old bundle is put back and the staging folder removed.
     pub fn publish(mut self) -> Result<PathBuf> {
         for entry in list_files(&self.tmp)? {
             if let Ok(f) = File::open(self.tmp.join(&entry)) {
                 let _ = f.sync_all();
             }
         }
-        if self.out.exists() {
+        if std::fs::symlink_metadata(&self.out).is_ok() {
             if !self.replace {
                 bail!(
                     "{} appeared while the bundle was being written",
+                    self.out.display()
+                );
+            }
+            if let Some(what) = not_replaceable(&self.out) {
+                bail!(
+                    "--out {} {what} (it changed while the bundle was being written); it was \
+                     left as it is",
                     self.out.display()
                 );
             }
@@ -250,16 +347,34 @@ impl Staging {
             ));
             std::fs::rename(&self.out, &old)
                 .with_context(|| format!("moving the old {} aside", self.out.display()))?;
-            std::fs::rename(&self.tmp, &self.out)
-                .with_context(|| format!("publishing {}", self.out.display()))?;
-            std::fs::remove_dir_all(&old)
-                .with_context(|| format!("removing the old bundle {}", old.display()))?;
+            if let Err(e) = std::fs::rename(&self.tmp, &self.out) {
+                let back = std::fs::rename(&old, &self.out);
+                return Err(anyhow::Error::new(e)).with_context(|| match back {
+                    Ok(()) => format!(
+                        "publishing {} (the old bundle was put back)",
+                        self.out.display()
+                    ),
+                    Err(b) => format!(
+                        "publishing {}; putting the old bundle back from {} failed too ({b})",
+                        self.out.display(),
+                        old.display()
+                    ),
+                });
+            }
+            self.published = true;
+            if let Err(e) = std::fs::remove_dir_all(&old) {
+                eprintln!(
+                    "warning: the bundle is published, but the old one could not be removed \
+                     from {}: {e}",
+                    old.display()
+                );
+            }
         } else {
             std::fs::rename(&self.tmp, &self.out)
                 .with_context(|| format!("publishing {}", self.out.display()))?;
+            self.published = true;
         }
         decision_data::atomic::sync_dir(self.out.parent().unwrap_or(Path::new(".")));
-        self.published = true;
         Ok(self.out.clone())
     }
 }
@@ -268,6 +383,16 @@ impl Drop for Staging {
     fn drop(&mut self) {
         if !self.published {
             let _ = std::fs::remove_dir_all(&self.tmp);
+            // Parent folders made for this bundle, innermost first; stops at one not empty.
+            if let Some(top) = &self.created {
+                let mut dir = self.tmp.parent();
+                while let Some(d) = dir {
+                    if std::fs::remove_dir(d).is_err() || d == top.as_path() {
+                        break;
+                    }
+                    dir = d.parent();
+                }
+            }
         }
     }
 }
@@ -290,7 +415,11 @@ mod tests {
         let s = Staging::new(&out, false).unwrap();
         std::fs::create_dir(s.path().join("adapter")).unwrap();
         std::fs::write(s.path().join("adapter/x.json"), b"{}").unwrap();
-        std::fs::write(s.path().join(MANIFEST), b"{}").unwrap();
+        std::fs::write(
+            s.path().join(MANIFEST),
+            br#"{"schema": "decision-bundle/1"}"#,
+        )
+        .unwrap();
         s.publish().unwrap();
         assert_eq!(
             list_files(&out).unwrap(),
@@ -313,5 +442,68 @@ mod tests {
             h,
             "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437"
         );
+    }
+
+    #[test]
+    fn force_replaces_only_a_bundle_or_an_empty_folder() {
+        let root = tempfile::tempdir().unwrap();
+        // A training run: not a bundle, so --force leaves it.
+        let run = root.path().join("run");
+        std::fs::create_dir_all(run.join("final")).unwrap();
+        std::fs::write(run.join("run.toml"), b"name = 'r'").unwrap();
+        let e = format!("{:#}", Staging::new(&run, true).unwrap_err());
+        assert!(
+            e.contains("final/") && e.contains("run.toml") && e.contains("no bundle manifest"),
+            "{e}"
+        );
+        assert!(run.join("run.toml").is_file() && run.join("final").is_dir());
+        // A manifest of something else is not a bundle manifest either.
+        std::fs::write(run.join(MANIFEST), br#"{"schema": "other/1"}"#).unwrap();
+        assert!(Staging::new(&run, true).is_err());
+        // A file is never replaced.
+        let file = root.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = format!("{:#}", Staging::new(&file, true).unwrap_err());
+        assert!(e.contains("is a file"), "{e}");
+        // An empty folder, and a bundle, are.
+        let empty = root.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let s = Staging::new(&empty, true).unwrap();
+        std::fs::write(
+            s.path().join(MANIFEST),
+            br#"{"schema": "decision-bundle/1"}"#,
+        )
+        .unwrap();
+        s.publish().unwrap();
+        let s = Staging::new(&empty, true).unwrap();
+        std::fs::write(s.path().join("new.txt"), b"y").unwrap();
+        s.publish().unwrap();
+        assert_eq!(list_files(&empty).unwrap(), vec!["new.txt".to_string()]);
+        // Nothing else was left beside them.
+        let mut names: Vec<String> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["empty", "file", "run"]);
+    }
+
+    #[test]
+    fn an_unpublished_bundle_leaves_no_folders_it_made() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("a/b/bundle");
+        {
+            let s = Staging::new(&out, false).unwrap();
+            assert!(s.path().starts_with(root.path().join("a/b")));
+        }
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        // A parent that is a file: the error says --out, and nothing is made.
+        std::fs::write(root.path().join("f"), b"").unwrap();
+        let e = format!(
+            "{:#}",
+            Staging::new(&root.path().join("f/x/bundle"), false).unwrap_err()
+        );
+        assert!(e.contains("--out"), "{e}");
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
     }
 }

@@ -167,19 +167,54 @@ fn check_args(args: &ExportArgs) -> Result<()> {
     Ok(())
 }
 
-/// Run an export; returns the summary lines.
+/// `--out` may not be, hold or lie inside anything the export reads (the run, the model, the
+/// adapter, the thresholds, the check states); checked before any work, `--force` or not.
+fn check_paths(args: &ExportArgs) -> Result<()> {
+    let mut io = decision_data::paths::IoCheck::new();
+    if let Some(run) = &args.run {
+        decision_train::cli::model_or_run_inputs(&mut io, "--run", run);
+    }
+    if let Some(m) = &args.model
+        && std::path::Path::new(m).exists()
+    {
+        io.input("--model", m);
+    }
+    if let Some(a) = &args.adapter {
+        io.input("--adapter", a);
+    }
+    if let Some(t) = &args.thresholds {
+        io.input("--thresholds", t);
+    }
+    if let Some(d) = &args.check_data {
+        io.input("--check-data", d);
+    }
+    io.output_folder("--out", &args.out).check()
+}
+
+/// Run an export; returns the summary lines. `--out` is checked (and its staging folder made, so
+/// an unwritable location fails now) before the model is read.
 pub fn export(args: &ExportArgs) -> Result<Vec<String>> {
     check_args(args)?;
+    check_paths(args)?;
+    let staging = Staging::new(&args.out, args.force)?;
     let source = Source::open(
         &origin(args)?,
         args.check_data.as_deref(),
         args.check_samples,
     )?;
-    export_from(source, args)
+    export_into(source, args, staging)
 }
 
 /// Export an opened [`Source`] (the model, its reference and samples) as `args` say.
 pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
+    check_args(args)?;
+    check_paths(args)?;
+    let staging = Staging::new(&args.out, args.force)?;
+    export_into(source, args, staging)
+}
+
+/// The export proper, into `staging` (removed again if anything fails).
+fn export_into(source: Source, args: &ExportArgs, staging: Staging) -> Result<Vec<String>> {
     check_args(args)?;
     let origin = origin(args)?;
     let has = |f: Format| args.formats.contains(&f);
@@ -237,7 +272,6 @@ pub fn export_from(source: Source, args: &ExportArgs) -> Result<Vec<String>> {
     };
     let graph = graph_of(dtype)?;
 
-    let staging = Staging::new(&args.out, args.force)?;
     let dir = staging.path().to_path_buf();
     decision_data::atomic::write_json_atomic(dir.join(bundle::DECISION), &spec)?;
     let tok_src = model_dir.join(bundle::TOKENIZER);

@@ -87,6 +87,12 @@ impl Source {
     }
 
     fn open_run(run: &Path) -> Result<Self> {
+        if !run.is_dir() {
+            bail!(
+                "--run {}: no such folder (a run folder written by `decision train --out`)",
+                run.display()
+            );
+        }
         let final_dir = run.join("final");
         if !final_dir.join("config.json").is_file() {
             bail!(
@@ -145,7 +151,7 @@ impl Source {
     }
 
     fn open_model(src: &str, adapter_dir: Option<&Path>) -> Result<Self> {
-        let md = hub::resolve(src, &HubEnv::from_env())?;
+        let md = hub::resolve_as(&format!("--model {src}"), src, &HubEnv::from_env())?;
         let mut model = DecisionModel::load_dir(&md, &load_options())?;
         let (config, config_json) = read_config(&md.dir)?;
         let base_weights: Arc<dyn WeightSource> = Arc::new(SafetensorsDir::open(&md.dir)?);

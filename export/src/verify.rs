@@ -45,9 +45,47 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
 }
 
+/// Every symbolic link under `dir`, as a problem: a bundle is copied to the app as it is, and a
+/// link would carry a file from outside it (or none at all) past the hashes.
+fn check_no_links(dir: &Path, v: &mut Verdict) {
+    fn walk(root: &Path, dir: &Path, v: &mut Verdict) {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) => {
+                v.problems
+                    .push(format!("{}: cannot list ({e})", dir.display()));
+                return;
+            }
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            match entry.file_type() {
+                Ok(t) if t.is_symlink() => {
+                    let to = std::fs::read_link(&path)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|_| "?".into());
+                    v.problems.push(format!(
+                        "{rel}: a symbolic link (to {to}); a bundle holds only regular files and \
+                         folders"
+                    ));
+                }
+                Ok(t) if t.is_dir() => walk(root, &path, v),
+                _ => {}
+            }
+        }
+    }
+    walk(dir, dir, v);
+}
+
 /// Check a bundle folder.
 pub fn verify(dir: &Path) -> Verdict {
     let mut v = Verdict::default();
+    check_no_links(dir, &mut v);
     let manifest_path = dir.join(bundle::MANIFEST);
     let manifest = match read_json(&manifest_path).and_then(|j| {
         match j.get("schema").and_then(Value::as_str) {
