@@ -247,27 +247,27 @@ mod tests {
         assert_eq!(s.check(&receipt("r2")), Seen::New);
         assert_eq!(s.check(&receipt("r1")), Seen::Duplicate);
         // every field of the body counts
-        let changes: Vec<Box<dyn Fn(&mut Receipt)>> = vec![
-            Box::new(|r| r.at = "2026-11-30T12:00:01Z".into()),
-            Box::new(|r| r.point = "args".into()),
-            Box::new(|r| r.model = None),
-            Box::new(|r| r.candidates.push("c".into())),
-            Box::new(|r| r.candidates = vec!["ab".into()]),
-            Box::new(|r| r.result = ReceiptResult::Abstain),
-            Box::new(|r| {
+        let changes: Vec<fn(&mut Receipt)> = vec![
+            |r| r.at = "2026-11-30T12:00:01Z".into(),
+            |r| r.point = "args".into(),
+            |r| r.model = None,
+            |r| r.candidates.push("c".into()),
+            |r| r.candidates = vec!["ab".into()],
+            |r| r.result = ReceiptResult::Abstain,
+            |r| {
                 r.result = ReceiptResult::Pick {
                     id: "a".into(),
                     confidence: 0.91,
                 }
-            }),
-            Box::new(|r| r.validation = Validation::RejectedStale),
-            Box::new(|r| r.fallback.as_mut().unwrap().used = true),
-            Box::new(|r| r.fallback = None),
-            Box::new(|r| r.outcome.as_mut().unwrap().status = OutcomeStatus::Failure),
-            Box::new(|r| r.outcome.as_mut().unwrap().duration_ms = Some(6)),
-            Box::new(|r| r.outcome.as_mut().unwrap().retries = None),
-            Box::new(|r| r.shadow = None),
-            Box::new(|r| r.observed_outcome = Some("ko".into())),
+            },
+            |r| r.validation = Validation::RejectedStale,
+            |r| r.fallback.as_mut().unwrap().used = true,
+            |r| r.fallback = None,
+            |r| r.outcome.as_mut().unwrap().status = OutcomeStatus::Failure,
+            |r| r.outcome.as_mut().unwrap().duration_ms = Some(6),
+            |r| r.outcome.as_mut().unwrap().retries = None,
+            |r| r.shadow = None,
+            |r| r.observed_outcome = Some("ko".into()),
         ];
         for (k, change) in changes.iter().enumerate() {
             let mut r = receipt("r1");
