@@ -10,11 +10,11 @@ pub mod config;
 pub mod decision_model;
 pub mod hub;
 pub mod model;
-pub mod prompt;
 pub mod score;
-pub mod spec;
-pub mod tokenizer;
 pub mod weights;
+
+// Rendering and encoding live in the Burn-free decision-prompt crate, which the worker shares.
+pub use decision_prompt::{prompt, spec, tokenizer};
 
 // The trainer (issue 4).
 pub mod calibration;

@@ -17,14 +17,7 @@ pub struct Scores {
     pub temperature: f64,
 }
 
-/// Softmax of `logits / t`, computed in f64.
-pub fn softmax_t(logits: &[f64], t: f64) -> (Vec<f64>, Vec<f64>) {
-    let scaled: Vec<f64> = logits.iter().map(|l| l / t).collect();
-    let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = scaled.iter().map(|l| (l - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    (exps.iter().map(|e| e / sum).collect(), scaled)
-}
+pub use decision_prompt::score::softmax_t;
 
 /// The raw (untempered) label logits of each state, in one forward pass over a left-padded batch.
 pub fn label_logits(model: &Qwen3, states: &[&Encoded], pad_id: u32) -> Vec<Vec<f64>> {

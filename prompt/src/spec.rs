@@ -85,6 +85,63 @@ pub struct DecisionSpec {
     /// The decision points the model was trained on (informational; any point can be scored).
     #[serde(default)]
     pub points: Vec<String>,
+    /// How `decision-worker` names the decision point of a request, which does not carry one:
+    /// the first rule that matches the offered candidate ids wins. Empty (a training run's
+    /// `decision.json`) means [`keel_point_rules`]; `decision export` writes the rules out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub point_rules: Vec<PointRule>,
+}
+
+/// One rule of [`DecisionSpec::point_rules`]: `point` applies when the request offers exactly the
+/// candidate ids in `candidates` (as a set: order does not matter), or to any request when
+/// `candidates` is absent (the catch-all, which must come last).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PointRule {
+    pub point: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<Vec<String>>,
+}
+
+impl PointRule {
+    pub fn matches(&self, ids: &[&str]) -> bool {
+        match &self.candidates {
+            None => true,
+            Some(want) => {
+                let mut a: Vec<&str> = want.iter().map(String::as_str).collect();
+                let mut b: Vec<&str> = ids.to_vec();
+                a.sort_unstable();
+                b.sort_unstable();
+                a == b
+            }
+        }
+    }
+}
+
+/// keel's two decision sites (`../shared/reference/keel-integration.md`): its `preStep` focus
+/// choice offers exactly `inspect`, `implement`, `verify`, `answer` and becomes point `pre_step`
+/// (the point keel's own receipts map `stage: preStep` to); everything else is `intake`.
+pub fn keel_point_rules() -> Vec<PointRule> {
+    vec![
+        PointRule {
+            point: "pre_step".into(),
+            candidates: Some(
+                ["inspect", "implement", "verify", "answer"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+        },
+        PointRule {
+            point: "intake".into(),
+            candidates: None,
+        },
+    ]
+}
+
+/// `[a-z][a-z0-9_]*`, as contracts section 1 names decision points.
+pub fn valid_point(p: &str) -> bool {
+    let mut b = p.bytes();
+    matches!(b.next(), Some(b'a'..=b'z'))
+        && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
 }
 
 impl DecisionSpec {
@@ -100,13 +157,18 @@ impl DecisionSpec {
             temperature: 1.0,
             temperatures: BTreeMap::new(),
             points: Vec::new(),
+            point_rules: Vec::new(),
         }
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::from_slice(&bytes, path)
+    }
+
+    /// Parse and check the bytes of a `decision.json`; `path` names it in errors.
+    pub fn from_slice(bytes: &[u8], path: &Path) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_slice(bytes)
             .with_context(|| format!("{}: not valid JSON", path.display()))?;
         match value.get("schema").and_then(|s| s.as_str()) {
             Some(SCHEMA) => {}
@@ -159,8 +221,51 @@ impl DecisionSpec {
                 bail!("temperature for {point} is {t}; it must be a positive number");
             }
         }
+        for (i, r) in self.point_rules.iter().enumerate() {
+            if !valid_point(&r.point) {
+                bail!(
+                    "point_rules[{i}]: point {:?} does not match [a-z][a-z0-9_]*",
+                    r.point
+                );
+            }
+            let last = i + 1 == self.point_rules.len();
+            match &r.candidates {
+                None if !last => bail!(
+                    "point_rules[{i}] ({}) has no `candidates`, so it matches everything; only the \
+                     last rule may",
+                    r.point
+                ),
+                Some(c) if c.is_empty() => {
+                    bail!("point_rules[{i}] ({}): `candidates` is empty", r.point)
+                }
+                Some(_) if last => bail!(
+                    "point_rules: the last rule ({}) must be a catch-all without `candidates`, so \
+                     every request gets a point",
+                    r.point
+                ),
+                _ => {}
+            }
+        }
         crate::prompt::Template::parse(&self.template)?;
         Ok(())
+    }
+
+    /// The point rules in force: the file's, else keel's ([`keel_point_rules`]).
+    pub fn effective_point_rules(&self) -> Vec<PointRule> {
+        if self.point_rules.is_empty() {
+            keel_point_rules()
+        } else {
+            self.point_rules.clone()
+        }
+    }
+
+    /// The decision point of a request offering these candidate ids.
+    pub fn point_for(&self, ids: &[&str]) -> String {
+        self.effective_point_rules()
+            .iter()
+            .find(|r| r.matches(ids))
+            .map(|r| r.point.clone())
+            .unwrap_or_else(|| "intake".into())
     }
 
     /// The temperature of a decision point.
@@ -169,5 +274,44 @@ impl DecisionSpec {
             .get(point)
             .copied()
             .unwrap_or(self.temperature)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn point_rules_name_keel_sites_and_are_checked() {
+        let mut spec = DecisionSpec::defaults(PromptTemplate::plain());
+        assert_eq!(
+            spec.point_for(&["verify", "answer", "inspect", "implement"]),
+            "pre_step"
+        );
+        assert_eq!(
+            spec.point_for(&["inspect", "implement", "verify"]),
+            "intake"
+        );
+        assert_eq!(spec.point_for(&["m1", "m2"]), "intake");
+        // Absent from a training run's file, written by export, read back the same.
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(!text.contains("point_rules"), "{text}");
+        spec.point_rules = keel_point_rules();
+        let back: DecisionSpec =
+            serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
+        spec.validate().unwrap();
+        spec.point_rules.reverse();
+        let e = spec.validate().unwrap_err().to_string();
+        assert!(e.contains("only the last rule"), "{e}");
+        spec.point_rules = vec![keel_point_rules()[0].clone()];
+        let e = spec.validate().unwrap_err().to_string();
+        assert!(e.contains("catch-all"), "{e}");
+        spec.point_rules = vec![PointRule {
+            point: "Pre-Step".into(),
+            candidates: None,
+        }];
+        let e = spec.validate().unwrap_err().to_string();
+        assert!(e.contains("[a-z][a-z0-9_]*"), "{e}");
     }
 }

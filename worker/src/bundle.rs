@@ -1,0 +1,425 @@
+//! Loading an export bundle (contracts section 5) for serving: every file the worker reads is
+//! checked against `manifest.json` (size and SHA-256) before it is used, then `decision.json`,
+//! `tokenizer.json`, `thresholds.json` and `model.onnx` (in tract) are loaded and the model is
+//! run once on a probe, so a bundle that cannot answer is refused at start-up, not at the first
+//! decision.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use decision_data::{Candidate, State};
+use decision_prompt::score::softmax_t;
+use decision_prompt::{DecisionSpec, Encoded, Prompter};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tract_onnx::prelude::*;
+
+pub const MANIFEST: &str = "manifest.json";
+pub const MANIFEST_SCHEMA: &str = "decision-bundle/1";
+pub const DECISION: &str = "decision.json";
+pub const TOKENIZER: &str = "tokenizer.json";
+pub const THRESHOLDS: &str = "thresholds.json";
+pub const THRESHOLDS_SCHEMA: &str = "decision-thresholds/1";
+
+#[derive(Deserialize)]
+struct ManifestFile {
+    path: String,
+    bytes: u64,
+    sha256: String,
+}
+
+#[derive(Deserialize)]
+struct ManifestOnnx {
+    file: String,
+    #[serde(default)]
+    external_data: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct ManifestFormats {
+    #[serde(default)]
+    onnx: Option<ManifestOnnx>,
+}
+
+#[derive(Deserialize)]
+struct ManifestModel {
+    temperature: f64,
+    #[serde(default)]
+    config: serde_json::Value,
+}
+
+/// The parts of `manifest.json` the worker needs (the exporter's `Manifest` has more).
+#[derive(Deserialize)]
+struct Manifest {
+    schema: String,
+    model: ManifestModel,
+    #[serde(default)]
+    formats: ManifestFormats,
+    files: Vec<ManifestFile>,
+}
+
+/// A point's entry in `thresholds.json`: `None` is `threshold: null` (never auto-accept).
+pub type Thresholds = BTreeMap<String, Option<f64>>;
+
+/// A bundle ready to answer.
+pub struct Bundle {
+    pub dir: PathBuf,
+    pub spec: DecisionSpec,
+    pub prompter: Prompter,
+    /// Per point; a point without an entry, or a bundle without `thresholds.json`, escalates.
+    pub thresholds: Thresholds,
+    pub has_thresholds: bool,
+    /// The temperature `model.onnx` divides its option logits by (`decision.json`'s).
+    pub model_temperature: f64,
+    /// SHA-256 of `manifest.json` (which pins every other file): names the bundle in receipts.
+    pub bundle_sha256: String,
+    /// SHA-256 of `model.onnx`, from the manifest (and checked).
+    pub model_sha256: String,
+    /// Files in the folder that the manifest does not list (the worker reads none of them).
+    pub unlisted: Vec<String>,
+    plan: Arc<TypedRunnableModel>,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Size and SHA-256 of a file, streamed.
+fn hash_file(path: &Path) -> Result<(u64, String)> {
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, hex::encode(h.finalize())))
+}
+
+fn inside_bundle(rel: &str) -> bool {
+    !rel.starts_with('/')
+        && !rel.contains('\\')
+        && rel
+            .split('/')
+            .all(|p| !p.is_empty() && p != "." && p != "..")
+}
+
+/// Every file under `dir` except the manifest, bundle-relative, sorted.
+fn list_files(dir: &Path) -> Result<Vec<String>> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                walk(root, &path, out)?;
+            } else {
+                let rel = path.strip_prefix(root).expect("under root");
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.push(parts.join("/"));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    out.retain(|p| p != MANIFEST);
+    out.sort();
+    Ok(out)
+}
+
+/// `thresholds.json` (contracts section 4): each point's threshold, checked.
+pub fn parse_thresholds(bytes: &[u8]) -> Result<Thresholds> {
+    let j: serde_json::Value =
+        serde_json::from_slice(bytes).context("thresholds.json: not valid JSON")?;
+    match j.get("schema").and_then(|s| s.as_str()) {
+        Some(THRESHOLDS_SCHEMA) => {}
+        other => bail!("thresholds.json: schema is {other:?}, expected {THRESHOLDS_SCHEMA:?}"),
+    }
+    let points = j
+        .get("points")
+        .and_then(|p| p.as_object())
+        .context("thresholds.json: `points` is missing or not an object")?;
+    let mut out = Thresholds::new();
+    for (name, p) in points {
+        let t = match p.get("threshold") {
+            None => bail!("thresholds.json: points.{name}: `threshold` is missing"),
+            Some(serde_json::Value::Null) => None,
+            Some(v) => match v.as_f64() {
+                Some(t) if (0.0..=1.0).contains(&t) => Some(t),
+                _ => {
+                    bail!("thresholds.json: points.{name}: threshold {v} is not in [0, 1] or null")
+                }
+            },
+        };
+        out.insert(name.clone(), t);
+    }
+    Ok(out)
+}
+
+impl Bundle {
+    /// Verify and load `dir`. The error says what is wrong (every hash problem at once).
+    pub fn load(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!("{}: not a bundle folder", dir.display());
+        }
+        let manifest_bytes = std::fs::read(dir.join(MANIFEST))
+            .with_context(|| format!("reading {}", dir.join(MANIFEST).display()))?;
+        let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
+            .context("manifest.json: not a decision bundle manifest")?;
+        if manifest.schema != MANIFEST_SCHEMA {
+            bail!(
+                "manifest.json: schema {:?}, this worker reads {MANIFEST_SCHEMA:?}",
+                manifest.schema
+            );
+        }
+        let listed: BTreeMap<&str, &ManifestFile> = manifest
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f))
+            .collect();
+        let onnx = manifest.formats.onnx.as_ref().context(
+            "manifest.json: the bundle holds no model.onnx (export with --formats onnx)",
+        )?;
+
+        // Every listed file, streamed: sizes and hashes.
+        let mut problems = Vec::new();
+        for f in &manifest.files {
+            if !inside_bundle(&f.path) {
+                problems.push(format!(
+                    "manifest.json lists {:?}, not a path inside the bundle",
+                    f.path
+                ));
+                continue;
+            }
+            match hash_file(&dir.join(&f.path)) {
+                Err(e) => problems.push(format!("{}: {e:#}", f.path)),
+                Ok((bytes, _)) if bytes != f.bytes => problems.push(format!(
+                    "{}: {bytes} bytes, the manifest says {}",
+                    f.path, f.bytes
+                )),
+                Ok((_, sha)) if sha != f.sha256 => problems.push(format!(
+                    "{}: sha256 {sha}, the manifest says {}",
+                    f.path, f.sha256
+                )),
+                Ok(_) => {}
+            }
+        }
+        let present = list_files(dir)?;
+        let mut required = vec![DECISION, TOKENIZER, onnx.file.as_str()];
+        if let Some(d) = &onnx.external_data {
+            required.push(d.as_str());
+        }
+        if present.iter().any(|p| p == THRESHOLDS) {
+            required.push(THRESHOLDS);
+        }
+        for r in required {
+            if !listed.contains_key(r) {
+                problems.push(format!(
+                    "{r}: not listed in manifest.json, so it cannot be trusted"
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            bail!(
+                "the bundle does not match its manifest: {}",
+                problems.join("; ")
+            );
+        }
+        let unlisted: Vec<String> = present
+            .into_iter()
+            .filter(|p| !listed.contains_key(p.as_str()))
+            .collect();
+
+        // The small files are read once and re-hashed as read, so what is parsed is what was
+        // checked.
+        let read_checked = |name: &str| -> Result<Vec<u8>> {
+            let bytes = std::fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?;
+            let want = &listed[name].sha256;
+            if &sha256_hex(&bytes) != want {
+                bail!("{name}: changed while the bundle was being loaded");
+            }
+            Ok(bytes)
+        };
+        let spec = DecisionSpec::from_slice(&read_checked(DECISION)?, Path::new(DECISION))?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(read_checked(TOKENIZER)?)
+            .map_err(|e| anyhow!("tokenizer.json: cannot load: {e}"))?;
+        let max_positions = manifest
+            .model
+            .config
+            .get("max_position_embeddings")
+            .and_then(|v| v.as_u64())
+            .map_or(usize::MAX, |v| v as usize);
+        let prompter = Prompter::new(&spec, tokenizer, max_positions)
+            .context("decision.json with tokenizer.json")?;
+        let (thresholds, has_thresholds) = if listed.contains_key(THRESHOLDS) {
+            (parse_thresholds(&read_checked(THRESHOLDS)?)?, true)
+        } else {
+            (Thresholds::new(), false)
+        };
+        let t_model = manifest.model.temperature;
+        if !(t_model.is_finite() && t_model > 0.0) {
+            bail!("manifest.json: model.temperature {t_model} is not a positive number");
+        }
+        if (t_model - spec.temperature).abs() > 1e-9 * t_model.max(1.0) {
+            bail!(
+                "manifest.json says model.onnx applies temperature {t_model}, decision.json says {}",
+                spec.temperature
+            );
+        }
+        let onnx_path = dir.join(&onnx.file);
+        let plan = tract_onnx::onnx()
+            .model_for_path(&onnx_path)
+            .and_then(|m| m.into_optimized())
+            .and_then(|m| m.into_runnable())
+            .map_err(|e| anyhow!("tract could not load {}: {e:?}", onnx.file))?;
+        let bundle = Self {
+            dir: dir.to_path_buf(),
+            spec,
+            prompter,
+            thresholds,
+            has_thresholds,
+            model_temperature: t_model,
+            bundle_sha256: sha256_hex(&manifest_bytes),
+            model_sha256: listed[onnx.file.as_str()].sha256.clone(),
+            unlisted,
+            plan,
+        };
+        bundle.probe().context("the model did not answer a probe")?;
+        Ok(bundle)
+    }
+
+    /// One decision of two options through the whole path: the model loads, runs and answers
+    /// with probabilities.
+    fn probe(&self) -> Result<()> {
+        let state = self.state(
+            "intake",
+            "probe",
+            &[("a".into(), "yes".into()), ("b".into(), "no".into())],
+        );
+        let enc = self.prompter.encode(&state)?;
+        let p = self.probabilities(&enc, "intake")?;
+        if (p.iter().sum::<f64>() - 1.0).abs() > 1e-6 {
+            bail!("probabilities {p:?} do not sum to 1");
+        }
+        Ok(())
+    }
+
+    /// The decision state of a request, as training renders states.
+    pub fn state(&self, point: &str, context: &str, candidates: &[(String, String)]) -> State {
+        State {
+            id: "request".into(),
+            task_id: "request".into(),
+            point: point.into(),
+            context: context.into(),
+            candidates: candidates
+                .iter()
+                .map(|(id, label)| Candidate {
+                    id: id.clone(),
+                    label: label.clone(),
+                })
+                .collect(),
+            answer: None,
+            teacher: None,
+            after_error: false,
+            rules: None,
+            split: None,
+        }
+    }
+
+    /// `option_logits` (divided by the model temperature) of one encoded state, batch 1.
+    pub fn option_logits(&self, enc: &Encoded) -> Result<Vec<f32>> {
+        let n = enc.input_ids.len();
+        let k = enc.option_token_ids.len();
+        let t = |data: Vec<i64>, cols: usize| -> Result<TValue> {
+            Ok(Tensor::from_shape(&[1, cols], data.as_slice())
+                .context("input tensor")?
+                .into())
+        };
+        let ids: Vec<i64> = enc.input_ids.iter().map(|&x| x as i64).collect();
+        let opts: Vec<i64> = enc.option_token_ids.iter().map(|&x| x as i64).collect();
+        let out = self
+            .plan
+            .run(tvec![t(ids, n)?, t(vec![1; n], n)?, t(opts, k)?])
+            .map_err(|e| anyhow!("tract run failed: {e:?}"))?;
+        let view = out[0]
+            .to_plain_array_view::<f32>()
+            .map_err(|e| anyhow!("option_logits is not f32: {e:?}"))?;
+        if view.shape() != [1, k] {
+            bail!(
+                "option_logits has shape {:?}, expected [1, {k}]",
+                view.shape()
+            );
+        }
+        Ok(view.iter().copied().collect())
+    }
+
+    /// Calibrated probabilities of the candidates at `point`:
+    /// `softmax(option_logits · T_model / T_point)`, as `decision score` computes them from the
+    /// raw label logits.
+    pub fn probabilities(&self, enc: &Encoded, point: &str) -> Result<Vec<f64>> {
+        let logits = self.option_logits(enc)?;
+        let raw: Vec<f64> = logits
+            .iter()
+            .map(|&l| l as f64 * self.model_temperature)
+            .collect();
+        let (p, _) = softmax_t(&raw, self.spec.temperature_for(point));
+        if p.iter().any(|x| !x.is_finite()) {
+            bail!("the model produced non-finite probabilities {p:?}");
+        }
+        Ok(p)
+    }
+
+    /// The threshold in force at `point` (`None`: escalate).
+    pub fn threshold(&self, point: &str) -> Option<f64> {
+        self.thresholds.get(point).copied().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_are_read_and_checked() {
+        let t = parse_thresholds(
+            br#"{"schema":"decision-thresholds/1","fitted_at":"x","points":{
+                "pre_step":{"status":"fitted","threshold":0.9},
+                "intake":{"status":"insufficient-data","threshold":null}}}"#,
+        )
+        .unwrap();
+        assert_eq!(t["pre_step"], Some(0.9));
+        assert_eq!(t["intake"], None);
+        let e = parse_thresholds(
+            br#"{"schema":"decision-thresholds/1","points":{"a":{"threshold":1.5}}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("points.a") && e.contains("1.5"), "{e}");
+        let e = parse_thresholds(br#"{"schema":"x","points":{}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("schema"), "{e}");
+    }
+
+    #[test]
+    fn paths_must_stay_inside() {
+        assert!(inside_bundle("model.onnx") && inside_bundle("adapter/x.json"));
+        for bad in ["/etc/passwd", "../x", "a/../b", "a//b", "", "a\\b"] {
+            assert!(!inside_bundle(bad), "{bad}");
+        }
+    }
+}
