@@ -89,6 +89,32 @@ pub struct ExportArgs {
     /// Replace an existing bundle at --out
     #[arg(long)]
     pub force: bool,
+    /// decision.json's point rules for decision-worker, in order, replacing keel's default
+    /// (`pre_step=inspect,implement,verify,answer` then `intake`): `POINT=ID,ID,...` names the
+    /// point of a request offering exactly those candidate ids; a bare `POINT` (last) is the rest
+    #[arg(long = "point-rule", value_name = "POINT[=IDS]")]
+    pub point_rules: Vec<String>,
+}
+
+/// `--point-rule` values as decision.json's rules.
+pub fn parse_point_rules(args: &[String]) -> Result<Vec<decision_train::spec::PointRule>> {
+    args.iter()
+        .map(|a| {
+            let (point, ids) = match a.split_once('=') {
+                Some((p, ids)) => (p, Some(ids)),
+                None => (a.as_str(), None),
+            };
+            Ok(decision_train::spec::PointRule {
+                point: point.trim().to_string(),
+                candidates: ids.map(|ids| {
+                    ids.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                }),
+            })
+        })
+        .collect()
 }
 
 /// Inspect a bundle.
@@ -235,6 +261,13 @@ fn export_into(source: Source, args: &ExportArgs, staging: Staging) -> Result<Ve
     let mut spec = source.model.spec.clone();
     // The harness truncates to what the model can take.
     spec.max_tokens = source.model.prompter.max_tokens;
+    // How decision-worker names a request's point (keel's requests do not carry one).
+    if !args.point_rules.is_empty() {
+        spec.point_rules = parse_point_rules(&args.point_rules)?;
+    } else if spec.point_rules.is_empty() {
+        spec.point_rules = decision_train::spec::keel_point_rules();
+    }
+    spec.validate().context("--point-rule")?;
     let temperature = spec.temperature;
     // The reference's answers first; then its weights are freed before any model file is
     // loaded, so peak memory is one model, not two.
@@ -366,6 +399,17 @@ fn export_into(source: Source, args: &ExportArgs, staging: Staging) -> Result<Ve
             adapter.modules.len()
         ));
     }
+
+    // keel accepts a model folder only when it holds coreml_config.json.
+    let coreml_config = coreml::config::describe(
+        formats
+            .coreml
+            .as_ref()
+            .map(|c| (dir.join(&c.file), c.file.clone()))
+            .as_ref()
+            .map(|(p, f)| (p.as_path(), f.as_str())),
+    )?;
+    decision_data::atomic::write_json_atomic(dir.join(coreml::config::FILE), &coreml_config)?;
 
     let mut points: Vec<String> = spec
         .points

@@ -495,6 +495,7 @@ fn export_args(out: &Path) -> ExportArgs {
         check_data: None,
         check_samples: 32,
         force: false,
+        point_rules: Vec::new(),
     }
 }
 
@@ -526,6 +527,40 @@ fn export_writes_the_package_into_the_bundle_and_says_which_checks_ran() {
     ] {
         assert!(paths.contains(&p), "{p} not in {paths:?}");
     }
+    // keel's marker file, read back from the package: its real interface.
+    assert!(paths.contains(&"coreml_config.json"), "{paths:?}");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("coreml_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["schema"], "decision-coreml-config/1");
+    assert_eq!(cfg["package"], "model.mlpackage");
+    assert_eq!(cfg["specification_version"], 9);
+    assert_eq!(cfg["dtype"], "f16");
+    let names = |k: &str| -> Vec<String> {
+        cfg[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names("inputs"),
+        ["input_ids", "attention_mask", "option_token_ids"]
+    );
+    assert_eq!(names("outputs"), ["option_logits", "option_probs"]);
+    let input = |i: usize| cfg["inputs"][i].clone();
+    assert_eq!(input(0)["dtype"], "int32");
+    assert_eq!(
+        input(0)["shape_range"],
+        serde_json::json!([[1, 1], [1, c.max_seq]])
+    );
+    assert_eq!(
+        input(2)["shape_range"],
+        serde_json::json!([[1, 1], [1, c.max_options]])
+    );
+    assert_eq!(cfg["outputs"][1]["dtype"], "float32");
+    assert_eq!(cfg["outputs"][1]["shape"], serde_json::json!([1, "options"]));
     let pkg_bytes: u64 = m
         .files
         .iter()

@@ -218,6 +218,7 @@ fn args(out: &Path) -> ExportArgs {
         check_data: None,
         check_samples: 32,
         force: false,
+        point_rules: Vec::new(),
     }
 }
 
@@ -251,12 +252,28 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
         [
             "adapter/adapter_config.json",
             "adapter/adapter_model.safetensors",
+            "coreml_config.json",
             "decision.json",
             "model.onnx",
             "thresholds.json",
             "tokenizer.json"
         ]
     );
+    // decision-worker's point rules are written out (keel's two sites by default), and keel's
+    // marker file is there even without model.mlpackage, saying so.
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("decision.json")).unwrap()).unwrap();
+    assert_eq!(
+        spec["point_rules"],
+        serde_json::json!([
+            {"point": "pre_step", "candidates": ["inspect", "implement", "verify", "answer"]},
+            {"point": "intake"}
+        ])
+    );
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("coreml_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["package"], Value::Null);
     let parity = &m.verified_with[0];
     assert_eq!(parity["check"], "parity");
     assert_eq!(parity["passed"], true);
@@ -276,7 +293,7 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
 
     let v = verify(&out);
     assert!(v.ok(), "{:?}", v.problems);
-    assert_eq!(v.files_checked, 6);
+    assert_eq!(v.files_checked, 7);
 
     // A flipped byte (same size) in the model.
     let model = out.join("model.onnx");

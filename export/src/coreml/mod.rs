@@ -18,6 +18,7 @@
 
 pub mod blob;
 pub mod check;
+pub mod config;
 mod lower;
 pub mod package;
 
