@@ -1,7 +1,9 @@
 //! One JSON Lines receipt, in either shape, detected per line:
 //!
 //! * the contract's harness record (section 3): it has a `point` key;
-//! * keel's `DecisionEvent`: it has a `stage` key (and `createdAt`, `schemaVersion`).
+//! * keel's `DecisionEvent`: it has a `stage` key (and `createdAt`, `schemaVersion`);
+//! * a `keel decisions export` line: a `decision` key holding a `DecisionEvent`, beside `chatId`
+//!   and `expectedCandidateId` (the judged reference when not null).
 //!
 //! Every field is parsed on its own so that an error names the field. Keys we do not know are
 //! ignored (a field may be added to either shape); a JSON `null` counts as absent.
@@ -73,6 +75,11 @@ struct RawLine<'a> {
     selected_probability: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "createdAt")]
     created_at: Option<&'a RawValue>,
+    // `keel decisions export`
+    #[serde(borrow, default)]
+    decision: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "expectedCandidateId")]
+    expected_candidate_id: Option<&'a RawValue>,
 }
 
 fn err<T>(field: &str, reason: impl Into<String>) -> Result<T, FieldError> {
@@ -195,6 +202,8 @@ pub(super) fn parse_line(
         Ok((contract(&raw, patterns)?, Shape::Contract))
     } else if present(raw.stage).is_some() || present(raw.created_at).is_some() {
         Ok((keel(&raw, patterns)?, Shape::Keel))
+    } else if let Some(d) = present(raw.decision) {
+        Ok((keel_export(d, raw.expected_candidate_id, patterns)?, Shape::Keel))
     } else {
         err(
             "point",
@@ -506,6 +515,33 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
         observed_outcome,
     };
     check_pick_offered(&r, "result.candidate_id")?;
+    Ok(r)
+}
+
+/// A `keel decisions export` line, `{"chatId", "decision": DecisionEvent, "expectedCandidateId"}`:
+/// the event as [`keel`] reads it (its errors name `decision.FIELD`); a non-null
+/// `expectedCandidateId`, the id a person says should have been chosen, is the judged reference
+/// (`shadow.reference`), which wins over the free-text outcome when both are there. It must be
+/// one of the offered candidates.
+fn keel_export(
+    decision: &RawValue,
+    expected: Option<&RawValue>,
+    patterns: &OutcomePatterns,
+) -> Result<Receipt, FieldError> {
+    let inner: RawLine<'_> = object(decision, "decision")?;
+    let mut r = keel(&inner, patterns).map_err(|e| FieldError {
+        field: format!("decision.{}", e.field),
+        reason: e.reason,
+    })?;
+    if let Some(reference) = opt::<String>(expected, "expectedCandidateId", "a candidate id")? {
+        if !r.candidates.contains(&reference) {
+            return err(
+                "expectedCandidateId",
+                format!("{reference:?} is not one of the offered candidates"),
+            );
+        }
+        r.shadow = Some(Shadow { reference });
+    }
     Ok(r)
 }
 
