@@ -560,7 +560,10 @@ fn export_writes_the_package_into_the_bundle_and_says_which_checks_ran() {
         serde_json::json!([[1, 1], [1, c.max_options]])
     );
     assert_eq!(cfg["outputs"][1]["dtype"], "float32");
-    assert_eq!(cfg["outputs"][1]["shape"], serde_json::json!([1, "options"]));
+    assert_eq!(
+        cfg["outputs"][1]["shape"],
+        serde_json::json!([1, "options"])
+    );
     let pkg_bytes: u64 = m
         .files
         .iter()

@@ -203,7 +203,10 @@ pub(super) fn parse_line(
     } else if present(raw.stage).is_some() || present(raw.created_at).is_some() {
         Ok((keel(&raw, patterns)?, Shape::Keel))
     } else if let Some(d) = present(raw.decision) {
-        Ok((keel_export(d, raw.expected_candidate_id, patterns)?, Shape::Keel))
+        Ok((
+            keel_export(d, raw.expected_candidate_id, patterns)?,
+            Shape::Keel,
+        ))
     } else {
         err(
             "point",
