@@ -147,12 +147,35 @@ fn dir_size(path: &Path) -> u64 {
         .sum()
 }
 
+/// The file that marks a folder as the demo's own output.
+const MARKER: &str = ".decision-demo";
+
 pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let out = &args.out;
+    decision_data::paths::IoCheck::new()
+        .input("--configs", &args.configs)
+        .output_folder("--out", out)
+        .check()?;
+    // Outputs that a step refuses to overwrite, or would resume from: start clean every time,
+    // but only in a folder the demo made (its marker, or the summary.json of an earlier run):
+    // `--out .` or `--out ~` must not delete someone's runs/.
+    let made_by_demo = out.join(MARKER).is_file() || out.join("summary.json").is_file();
+    let ours = ["runs", "bundle", "fit-v1", "fit-v2"];
+    if !made_by_demo && let Some(d) = ours.iter().find(|d| out.join(d).exists()) {
+        anyhow::bail!(
+            "--out {} holds {d}/ but was not made by `decision demo` (no {MARKER} in it); the \
+             demo replaces runs/, bundle/, fit-v1/ and fit-v2/ there, so it left it alone: \
+             choose a new or empty --out",
+            out.display()
+        );
+    }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    // Outputs that a step refuses to overwrite, or would resume from: start clean every time.
-    for d in ["runs", "bundle", "fit-v1", "fit-v2"] {
+    decision_data::atomic::write_atomic(
+        out.join(MARKER),
+        b"made by `decision demo`; it replaces runs/, bundle/, fit-v1/ and fit-v2/ here\n",
+    )?;
+    for d in ours {
         let p = out.join(d);
         if p.exists() {
             std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
