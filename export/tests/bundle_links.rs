@@ -1,0 +1,67 @@
+//! `bundle verify` refuses symbolic links, and `--force` never replaces what is not a bundle
+//! (issue 19).
+
+use std::path::{Path, PathBuf};
+
+use decision_export::cli::{ExportArgs, Format, WeightDtype, export};
+use decision_export::verify::verify;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")
+}
+
+fn args(out: &Path) -> ExportArgs {
+    let mut a = <ExportArgs as clap::FromArgMatches>::from_arg_matches(
+        &<ExportArgs as clap::Args>::augment_args(clap::Command::new("export"))
+            .try_get_matches_from([
+                "export",
+                "--model",
+                fixtures().join("tiny").to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ])
+            .unwrap(),
+    )
+    .unwrap();
+    a.formats = vec![Format::Onnx];
+    a.dtype = Some(WeightDtype::F32);
+    a
+}
+
+#[cfg(unix)]
+#[test]
+fn a_file_replaced_by_a_symlink_fails_verify() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("bundle");
+    export(&args(&out)).unwrap();
+    assert!(verify(&out).ok(), "{:?}", verify(&out).problems);
+
+    // The same bytes, moved out of the bundle and linked back: every hash still matches.
+    let outside = root.path().join("tokenizer.json");
+    std::fs::rename(out.join("tokenizer.json"), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("tokenizer.json")).unwrap();
+    let v = verify(&out);
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.starts_with("tokenizer.json: a symbolic link")),
+        "{:?}",
+        v.problems
+    );
+
+    // --force replaces this bundle (it has a manifest), but not a folder without one.
+    std::fs::remove_file(out.join("tokenizer.json")).unwrap();
+    std::fs::rename(&outside, out.join("tokenizer.json")).unwrap();
+    let mut a = args(&out);
+    a.force = true;
+    export(&a).unwrap();
+    assert!(verify(&out).ok());
+    let other = root.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), b"keep").unwrap();
+    let mut a = args(&other);
+    a.force = true;
+    let e = format!("{:#}", export(&a).unwrap_err());
+    assert!(e.contains("notes.txt") && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read(other.join("notes.txt")).unwrap(), b"keep");
+}
