@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint bench-fit bench-train bench-score bench-export
+.PHONY: all build demo test bench lint bench-fit bench-train bench-score bench-export bench-worker
 
 all: test
 
@@ -59,3 +59,12 @@ bench-export: build
 	$(BIN) export --model tests/fixtures/export/tiny --adapter tests/fixtures/export/tiny-lora --formats onnx,peft \
 		--dtype f16 --opset 23 --external-data --out $(EXPORT_OUT)/lora-bundle --force
 	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/lora-bundle --base tests/fixtures/export/tiny
+
+## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives
+## it: start-up to the ready line, p50 / p95 per decision over 200 keel-shaped requests, on the worker
+## fixture bundle and the demo bundle when `make demo` has built it. The dev build's dependencies are
+## optimised (Cargo.toml), so it measures tract as a release build would run it.
+bench-worker:
+	$(CARGO) build -p decision-worker
+	python3 scripts/bench_worker.py --worker target/debug/decision-worker --decisions 200 \
+		tests/fixtures/worker/bundle $(wildcard $(OUT)/bundle)
