@@ -158,9 +158,11 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         .output_folder("--out", out)
         .check()?;
     // Outputs that a step refuses to overwrite, or would resume from: start clean every time,
-    // but only in a folder the demo made (its marker, or the summary.json of an earlier run):
+    // but only in a folder the demo made (its marker, or an earlier run's summary.json or states):
     // `--out .` or `--out ~` must not delete someone's runs/.
-    let made_by_demo = out.join(MARKER).is_file() || out.join("summary.json").is_file();
+    let made_by_demo = out.join(MARKER).is_file()
+        || out.join("summary.json").is_file()
+        || (out.join("v1.parquet").is_file() && out.join("v2.parquet").is_file());
     let ours = ["runs", "bundle", "fit-v1", "fit-v2"];
     if !made_by_demo && let Some(d) = ours.iter().find(|d| out.join(d).exists()) {
         anyhow::bail!(
