@@ -62,9 +62,10 @@ bench-export: build
 
 ## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives
 ## it: start-up to the ready line, p50 / p95 per decision over 200 keel-shaped requests, on the worker
-## fixture bundle and the demo bundle when `make demo` has built it. The dev build's dependencies are
-## optimised (Cargo.toml), so it measures tract as a release build would run it.
+## fixture bundle, the demo bundle when `make demo` has built it, and the 0.6B-shape bundle when
+## bench-out/worker-0.6b exists (README, "Speed", says how to make it). The dev build's dependencies
+## are optimised (Cargo.toml), so tract runs at the opt-level a release build gives it.
+WORKER_BUNDLES := tests/fixtures/worker/bundle $(wildcard $(OUT)/bundle) $(wildcard bench-out/worker-0.6b)
 bench-worker:
 	$(CARGO) build -p decision-worker
-	python3 scripts/bench_worker.py --worker target/debug/decision-worker --decisions 200 \
-		tests/fixtures/worker/bundle $(wildcard $(OUT)/bundle)
+	python3 scripts/bench_worker.py --worker target/debug/decision-worker --decisions 200 $(WORKER_BUNDLES)
