@@ -21,6 +21,7 @@ pub enum Precision {
     #[default]
     F32,
     F16,
+    Bf16,
 }
 
 impl Precision {
@@ -28,6 +29,7 @@ impl Precision {
         match self {
             Precision::F32 => DType::F32,
             Precision::F16 => DType::F16,
+            Precision::Bf16 => DType::BF16,
         }
     }
 }
@@ -48,6 +50,16 @@ impl std::fmt::Display for Backend {
         f.write_str(match self {
             Backend::Cpu => "cpu",
             Backend::Wgpu => "wgpu",
+        })
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
         })
     }
 }
@@ -98,9 +110,12 @@ fn wgpu_device() -> Result<Device> {
 pub fn check_precision(device: &Device, backend: Backend, precision: Precision) -> Result<DType> {
     let dtype = precision.dtype();
     if !device.supports_dtype(dtype) {
-        bail!(
-            "the {backend} backend does not support {precision:?} on this machine; use --dtype f32"
-        );
+        let other = [Precision::F16, Precision::Bf16]
+            .into_iter()
+            .filter(|&p| p != precision && device.supports_dtype(p.dtype()))
+            .map(|p| format!("{p}, "))
+            .collect::<String>();
+        bail!("the {backend} backend does not support {precision} on this machine; use {other}f32");
     }
     Ok(dtype)
 }

@@ -24,8 +24,10 @@ pub mod lora;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod plan;
 pub mod plots;
 pub mod receipts;
+pub mod recompute;
 pub mod run_config;
 pub mod trainer;
 #[cfg(test)]

@@ -38,11 +38,22 @@ pub struct LoraAdapter {
 
 impl LoraAdapter {
     /// `s · (dropout(x)·A)·B`; dropout acts only while training on an autodiff device.
+    /// The adapter computes in its own dtype (f32) whatever the base's (`x`'s) dtype, and returns
+    /// `x`'s dtype.
     pub fn delta<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let x = self.dropout.forward(x);
         let a = self.lora_a.val().unsqueeze::<D>();
         let b = self.lora_b.val().unsqueeze::<D>();
-        x.matmul(a).matmul(b).mul_scalar(self.scaling)
+        let (dtype, own) = (x.dtype(), a.dtype());
+        if dtype == own {
+            x.matmul(a).matmul(b).mul_scalar(self.scaling)
+        } else {
+            x.cast(own)
+                .matmul(a)
+                .matmul(b)
+                .mul_scalar(self.scaling)
+                .cast(dtype)
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -159,7 +170,8 @@ pub fn merge(mut model: Qwen3) -> Qwen3 {
     for layer in 0..model.model.layers.len() {
         for (_, proj) in projections_mut(&mut model, layer) {
             if let Some(ad) = proj.lora.take() {
-                let w = proj.weight.val().inner() + ad.dense().inner();
+                let base = proj.weight.val().inner();
+                let w = ad.dense().inner().cast(base.dtype()) + base;
                 let w = if proj.weight.val().device().is_autodiff() {
                     Tensor::from_inner(w)
                 } else {

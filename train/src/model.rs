@@ -124,6 +124,26 @@ pub struct Attention {
 
 impl Attention {
     pub fn forward(&self, x: Tensor<3>, inputs: &LayerInputs) -> Tensor<3> {
+        let (q, k, v) = self.qkv(x, inputs);
+        let groups = self.num_heads / self.num_kv_heads;
+        let out = attention(
+            q,
+            repeat_kv(k, groups),
+            repeat_kv(v, groups),
+            Some(inputs.mask.clone()),
+            None,
+            AttentionModuleOptions {
+                scale: Some(self.scale()),
+                softcap: None,
+                is_causal: false,
+            },
+        );
+        self.output(out)
+    }
+
+    /// Queries `[b, heads, s, d]`, keys and values `[b, kv_heads, s, d]`: projected, normed
+    /// (q, k) and rotated (q, k), before the key/value heads are shared out.
+    pub fn qkv(&self, x: Tensor<3>, inputs: &LayerInputs) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, s, _] = x.dims();
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let q = self
@@ -138,22 +158,20 @@ impl Attention {
             .reshape([b, s, kvh, d])
             .swap_dims(1, 2);
         let q = rope(q.swap_dims(1, 2), &inputs.cos, &inputs.sin);
-        let k = repeat_kv(rope(k.swap_dims(1, 2), &inputs.cos, &inputs.sin), h / kvh);
-        let v = repeat_kv(v, h / kvh);
-        let out = attention(
-            q,
-            k,
-            v,
-            Some(inputs.mask.clone()),
-            None,
-            AttentionModuleOptions {
-                scale: Some(1.0 / (d as f64).sqrt()),
-                softcap: None,
-                is_causal: false,
-            },
-        );
+        let k = rope(k.swap_dims(1, 2), &inputs.cos, &inputs.sin);
+        (q, k, v)
+    }
+
+    /// The attention scale, `1/√head_dim`.
+    pub fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+
+    /// The heads' outputs `[b, heads, s, d]` through `o_proj`: `[b, s, hidden]`.
+    pub fn output(&self, heads: Tensor<4>) -> Tensor<3> {
+        let [b, h, s, d] = heads.dims();
         self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([b, s, h * d]))
+            .forward(heads.swap_dims(1, 2).reshape([b, s, h * d]))
     }
 }
 
@@ -205,6 +223,23 @@ impl DecoderLayer {
             + self
                 .self_attn
                 .forward(self.input_layernorm.forward(x), inputs);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
+
+    /// The first half of [`forward`](Self::forward), up to the attention core: `(q, k, v)` as
+    /// [`Attention::qkv`] returns them.
+    pub fn attention_inputs(
+        &self,
+        x: Tensor<3>,
+        inputs: &LayerInputs,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        self.self_attn.qkv(self.input_layernorm.forward(x), inputs)
+    }
+
+    /// The second half: the layer's output from its input `x` and the attention heads' outputs
+    /// `[b, heads, s, d]`.
+    pub fn finish(&self, x: Tensor<3>, heads: Tensor<4>) -> Tensor<3> {
+        let x = x + self.self_attn.output(heads);
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
 }
@@ -376,7 +411,7 @@ impl Qwen3 {
         }
     }
 
-    fn ids_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
+    pub fn ids_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
         let (b, s) = (batch.len(), batch.seq_len());
         let flat: Vec<i64> = batch
             .input_ids
@@ -388,7 +423,7 @@ impl Qwen3 {
     }
 
     /// Hidden states of every position after the last decoder layer, before the final norm.
-    fn decode(&self, batch: &Batch) -> Tensor<3> {
+    pub fn decode(&self, batch: &Batch) -> Tensor<3> {
         let device = self.device();
         let inputs = LayerInputs::new(
             batch,

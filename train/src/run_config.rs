@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Precision};
 
 /// The whole run config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -225,6 +225,17 @@ pub struct TrainSection {
     /// loss is the same, up to float rounding. A run reproduces for the same value.
     #[serde(default = "default_shards")]
     pub shards: usize,
+    /// The frozen base's dtype in LoRA mode: `f32`, `bf16` or `f16`, loaded straight from the
+    /// checkpoint's own dtype. Adapters, their gradients and the optimizer state stay f32; norms,
+    /// softmax and the loss compute in f32. Full fine-tuning trains in f32 only.
+    #[serde(default)]
+    pub dtype: Precision,
+    /// Layer recomputation: keep only each decoder layer's input during the forward pass and
+    /// recompute one layer at a time in the backward pass (`crate::recompute`). Same gradients,
+    /// activation memory of one layer plus `layers × batch × seq × hidden`, about a third more
+    /// compute.
+    #[serde(default)]
+    pub recompute: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -372,6 +383,19 @@ impl RunConfig {
                 "[train] shards > 1 needs [lora] dropout = 0: Burn draws dropout masks from one \
                  process-wide generator, so shards on parallel threads would make the run \
                  irreproducible"
+            );
+        }
+        if self.train.dtype != Precision::F32 && self.train.mode != Mode::Lora {
+            bail!(
+                "[train] dtype = \"{}\" needs mode = \"lora\": full fine-tuning trains in f32 \
+                 only (f32 master weights and optimizer state)",
+                self.train.dtype
+            );
+        }
+        if self.train.recompute && self.train.mode == Mode::Lora && self.lora.dropout > 0.0 {
+            bail!(
+                "[train] recompute = true needs [lora] dropout = 0: the recomputed pass would \
+                 draw other dropout masks than the forward pass it replays"
             );
         }
         if self.train.mode == Mode::Lora {

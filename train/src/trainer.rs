@@ -79,10 +79,30 @@ pub struct TrainArgs {
     /// Run folder (default: runs/<name>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Print the run's memory plan (weights, trainable state, activations per micro-batch with
+    /// and without `[train] recompute`, against the device's memory) and exit without training.
+    /// Every run checks the same plan first and refuses one that does not fit;
+    /// DECISION_DEVICE_MEMORY=GiB sets the budget where the device's memory cannot be read.
+    #[arg(long)]
+    pub plan: bool,
 }
 
 pub fn run(args: &TrainArgs) -> Result<std::process::ExitCode> {
     let cfg = RunConfig::load(&args.config, &args.set)?;
+    if args.plan {
+        let arch = crate::plan::architecture(&cfg)?;
+        let plan = crate::plan::plan(&cfg, &arch);
+        let device = crate::plan::device_limit(cfg.train.backend)?;
+        print!("{}", plan.render(&cfg, device.as_ref()));
+        if let Some(dev) = &device {
+            if let Err(e) = plan.check(&cfg, &arch, dev) {
+                println!("  does not fit: {e:#}");
+                return Ok(std::process::ExitCode::from(1));
+            }
+            println!("  fits");
+        }
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
     let run_dir = args
         .out
         .clone()
@@ -321,6 +341,7 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
                 src,
                 &LoadOptions {
                     backend,
+                    precision: cfg.train.dtype,
                     ..Default::default()
                 },
             )?;
@@ -530,38 +551,58 @@ fn shard_pass(
     dm: &DecisionModel,
     states: &[State],
     weights: LossWeights,
-    lm_weight: f32,
+    cfg: &RunConfig,
     scale: f32,
 ) -> Result<ShardOut> {
     let mb = micro_batch(dm, states, weights.teacher_blend)?;
-    let (logits, lm) = if lm_weight > 0.0 {
-        let hidden = model.hidden_states(&mb.batch);
-        let [b, s, h] = hidden.dims();
-        let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
-        let logits = model.token_logits(last, &mb.label_ids);
-        let lm = lm_term(model, hidden, &mb.batch);
-        (logits, Some(lm))
-    } else {
-        (model.answer_logits(&mb.batch, &mb.label_ids), None)
+    let lm_weight = cfg.loss.lm_weight;
+    // The loss from the last decoder layer's output `[b, s, hidden]`, in f32.
+    let head = |decoded: burn::tensor::Tensor<3>| {
+        let [b, s, h] = decoded.dims();
+        let (last, lm) = if lm_weight > 0.0 {
+            let hidden = model.model.norm.forward(decoded);
+            let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
+            (last, Some(lm_term(model, hidden, &mb.batch)))
+        } else {
+            let last = decoded.narrow(1, s - 1, 1).reshape([b, h]);
+            (model.model.norm.forward(last), None)
+        };
+        let logits = f32_of(model.token_logits(last, &mb.label_ids));
+        let (absent, q, onehot) = mb.targets.tensors(&logits.device());
+        let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
+        let loss = match lm {
+            Some(lm) => loss + lm.mul_scalar(lm_weight),
+            None => loss,
+        };
+        loss.mul_scalar(scale)
     };
-    let (absent, q, onehot) = mb.targets.tensors(&logits.device());
-    let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
-    let loss = match lm {
-        Some(lm) => loss + lm.mul_scalar(lm_weight),
-        None => loss,
-    };
-    let loss = loss.mul_scalar(scale);
-    let value: f32 = loss.clone().into_scalar();
-    let grads = if value.is_finite() {
-        GradientsParams::from_grads(loss.backward(), model)
+    let (value, grads) = if cfg.train.recompute {
+        crate::recompute::loss_and_grads(model, &mb.batch, head)
     } else {
-        GradientsParams::new()
+        let loss = head(model.decode(&mb.batch));
+        let value: f32 = loss.clone().into_scalar();
+        let grads = if value.is_finite() {
+            GradientsParams::from_grads(loss.backward(), model)
+        } else {
+            GradientsParams::new()
+        };
+        (value, grads)
     };
     Ok(ShardOut {
         grads,
         loss: value,
         tokens: mb.tokens,
     })
+}
+
+/// `t` in f32 (the loss and its terms compute in f32 whatever the base's dtype).
+fn f32_of<const D: usize>(t: burn::tensor::Tensor<D>) -> burn::tensor::Tensor<D> {
+    use burn::tensor::{DType, FloatDType};
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(FloatDType::F32)
+    }
 }
 
 /// `[loss] lm_weight`'s term: next-token cross-entropy of every real prompt token.
@@ -573,7 +614,7 @@ fn lm_term(
     use burn::tensor::{Int, Tensor, TensorData};
     let [b, s, _] = hidden.dims();
     let device = hidden.device();
-    let logits = model.logits(hidden.narrow(1, 0, s - 1));
+    let logits = f32_of(model.logits(hidden.narrow(1, 0, s - 1)));
     let mut next = Vec::with_capacity(b * (s - 1));
     let mut mask = Vec::with_capacity(b * (s - 1));
     for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {
@@ -647,6 +688,11 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
         }
         None
     };
+    // The memory plan, before anything is loaded or written.
+    if let Some(dev) = crate::plan::device_limit(cfg.train.backend)? {
+        let arch = crate::plan::architecture(cfg)?;
+        crate::plan::plan(cfg, &arch).check(cfg, &arch, &dev)?;
+    }
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     decision_data::atomic::write_atomic(run_dir.join("run.toml"), cfg.to_toml().as_bytes())?;
 
@@ -779,10 +825,10 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
                 let share = piece.len() as f32 / states.len() as f32;
                 let scale = share / cfg.optim.grad_accum as f32;
                 if n_shards == 1 {
-                    shard_pass(&model, &dm, piece, weights, cfg.loss.lm_weight, scale)
+                    shard_pass(&model, &dm, piece, weights, cfg, scale)
                 } else {
                     let own = fresh_leaves(&model);
-                    shard_pass(&own, &dm, piece, weights, cfg.loss.lm_weight, scale)
+                    shard_pass(&own, &dm, piece, weights, cfg, scale)
                 }
             };
             // On Burn's rayon pool, so that the kernels' own parallel loops nest under the

@@ -688,3 +688,192 @@ fn shards_are_checked() {
     let err = RunConfig::parse(&text, &["train.shards=4".into()]).unwrap_err();
     assert!(format!("{err:#}").contains("batch_size (3)"), "{err:#}");
 }
+
+/// `[train] recompute` trains the same model as the taped pass (full: 6 steps; LoRA in f32 and
+/// on a bf16 base), and a recomputed run killed after 3 steps resumes to the same weights.
+#[test]
+fn recompute_trains_the_same_model_and_resumes() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 12);
+    let run = |cfg: &RunConfig, name: &str, opts: TrainOptions| {
+        let out = dir.path().join(name);
+        let s = train(cfg, &out, &opts).unwrap();
+        (s, out)
+    };
+    let taped = tiny_run_config(&data, "");
+    let recomputed = RunConfig::parse(&taped.to_toml(), &["train.recompute=true".into()]).unwrap();
+    let (s1, o1) = run(&taped, "taped", TrainOptions::default());
+    let (s2, o2) = run(&recomputed, "recomputed", TrainOptions::default());
+    let (w1, w2) = (
+        model_bytes(&o1.join("final")),
+        model_bytes(&o2.join("final")),
+    );
+    let diff = max_abs_diff(&w1, &w2);
+    assert!(diff <= 1e-4, "full: recomputed weights differ by {diff}");
+    let (l1, l2) = (s1.final_train_loss.unwrap(), s2.final_train_loss.unwrap());
+    assert!((l1 - l2).abs() <= 1e-4, "{l1} vs {l2}");
+
+    // killed after 3 steps, resumed: the same run
+    let stop = TrainOptions {
+        stop_after: Some(3),
+        ..Default::default()
+    };
+    let (b1, split) = run(&recomputed, "split", stop);
+    assert!(b1.interrupted);
+    let resume = TrainOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let (_, split) = (train(&recomputed, &split, &resume).unwrap(), split);
+    let diff = max_abs_diff(&w2, &model_bytes(&split.join("final")));
+    assert!(diff <= 1e-5, "resumed weights differ by {diff}");
+
+    // LoRA on the full run's model: recompute in f32 matches, and a bf16 base trains
+    let base = o1.join("final");
+    let lora = |extra: &[&str]| {
+        let mut sets = vec![
+            "model.init=pretrained".to_string(),
+            format!(
+                "model.source={}",
+                toml::Value::String(base.display().to_string())
+            ),
+            "train.mode=lora".into(),
+            "lora.rank=2".into(),
+            "lora.alpha=4".into(),
+            "lora.dropout=0".into(),
+            "optim.lr=3e-2".into(),
+        ];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        let mut c = RunConfig::parse(&taped.to_toml(), &sets).unwrap();
+        c.model.arch = None;
+        c
+    };
+    let (_, a) = run(&lora(&[]), "lora-taped", TrainOptions::default());
+    let (_, b) = run(
+        &lora(&["train.recompute=true"]),
+        "lora-recomputed",
+        TrainOptions::default(),
+    );
+    let (la, lb) = (model_bytes(&a.join("final")), model_bytes(&b.join("final")));
+    let diff = max_abs_diff(&la, &lb);
+    assert!(diff <= 1e-4, "LoRA: recomputed weights differ by {diff}");
+    assert!(la.iter().zip(&model_bytes(&base)).any(|(x, y)| x != y));
+
+    // bf16 base: the adapters train in f32 and the result stays near the f32 run (bf16 keeps
+    // 8 bits of mantissa: the merged weights of a 6-step run agree to a few 1e-2)
+    let (s, c) = run(
+        &lora(&["train.recompute=true", "train.dtype=bf16"]),
+        "lora-bf16",
+        TrainOptions::default(),
+    );
+    assert!(s.final_train_loss.unwrap().is_finite());
+    let lc = model_bytes(&c.join("final"));
+    let diff = max_abs_diff(&la, &lc);
+    assert!(
+        diff <= 5e-2,
+        "bf16 base: merged weights differ from f32's by {diff}"
+    );
+    let adapter = std::fs::read(c.join("final/adapter/adapter_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&adapter).unwrap();
+    assert!(
+        st.tensors()
+            .iter()
+            .all(|(_, t)| t.dtype() == safetensors::Dtype::F32),
+        "adapters are kept in f32"
+    );
+}
+
+#[test]
+fn precision_and_recompute_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run_config(&dir.path().join("x.parquet"), "");
+    let text = cfg.to_toml();
+    let err = RunConfig::parse(&text, &["train.dtype=bf16".into()]).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("full fine-tuning trains in f32"),
+        "{err:#}"
+    );
+    let err = RunConfig::parse(&text, &["train.dtype=f64".into()]).unwrap_err();
+    assert!(format!("{err:#}").contains("dtype"), "{err:#}");
+    let lora = [
+        "model.init=pretrained".to_string(),
+        "model.source=somewhere".into(),
+        "train.mode=lora".into(),
+        "lora.dropout=0.1".into(),
+        "train.recompute=true".into(),
+    ];
+    let mut t: toml::Table = toml::from_str(&text).unwrap();
+    t["model"].as_table_mut().unwrap().remove("arch");
+    let err = RunConfig::parse(&toml::to_string(&t).unwrap(), &lora).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("recompute = true needs [lora] dropout = 0"),
+        "{err:#}"
+    );
+}
+
+/// The 4B shape at 8 x 2048 tokens in f32 without recompute does not fit 24 GiB; the refusal
+/// says so and names settings whose plan does fit, and those settings pass the same check.
+#[test]
+fn an_oversized_plan_is_refused_with_settings_that_fit() {
+    let arch = Qwen3Config::from_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/shapes/qwen3-4b.json"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_run_config(&dir.path().join("x.parquet"), "").to_toml();
+    let mut t: toml::Table = toml::from_str(&base).unwrap();
+    t["model"].as_table_mut().unwrap().remove("arch");
+    let sets = [
+        "model.init=pretrained",
+        "model.source=Qwen/Qwen3-4B",
+        "train.mode=lora",
+        "lora.rank=16",
+        "lora.alpha=32",
+        "lora.dropout=0",
+        "train.batch_size=8",
+        "optim.grad_accum=4",
+        "data.max_tokens=2048",
+    ]
+    .map(String::from);
+    let cfg = RunConfig::parse(&toml::to_string(&t).unwrap(), &sets).unwrap();
+    let gpu = crate::plan::DeviceMemory {
+        bytes: 24 << 30,
+        what: "a 24 GiB GPU".into(),
+    };
+    let plan = crate::plan::plan(&cfg, &arch);
+    assert_eq!(plan.params, 4_022_468_096, "Qwen3-4B's parameter count");
+    assert_eq!(plan.weights, plan.params * 4, "f32 base");
+    let err = format!("{:#}", plan.check(&cfg, &arch, &gpu).unwrap_err());
+    assert!(
+        err.contains("a 24 GiB GPU") && err.contains("this would fit"),
+        "{err}"
+    );
+    // apply the suggested settings: they fit
+    let suggested: Vec<String> = err
+        .split("this would fit: ")
+        .nth(1)
+        .unwrap()
+        .split(" (")
+        .next()
+        .unwrap()
+        .split("--set ")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(
+        suggested.iter().any(|s| s == "train.recompute=true"),
+        "{suggested:?}"
+    );
+    let fixed = RunConfig::parse(&cfg.to_toml(), &suggested).unwrap();
+    let p = crate::plan::plan(&fixed, &arch);
+    assert!(p.check(&fixed, &arch, &gpu).is_ok());
+    assert_eq!(
+        fixed.train.batch_size * fixed.optim.grad_accum,
+        32,
+        "the effective batch is kept"
+    );
+    // recompute's activations are a small share of the taped ones at this size
+    assert!(p.activations_recompute * 10 < p.activations_taped);
+}

@@ -260,7 +260,28 @@ impl Checkpoint {
                 path.display()
             ),
         };
+        self.release(name, bytes);
         Ok(out)
+    }
+
+    /// Drop the mapped pages of a tensor that has been copied out, so that loading a checkpoint
+    /// does not keep the whole file resident beside the model (an 8 GB bf16 file would otherwise
+    /// count fully in the process's memory until the load ends). The pages are read again from
+    /// the file if the tensor is read again.
+    fn release(&self, name: &str, bytes: &[u8]) {
+        #[cfg(unix)]
+        if let Some(&i) = self.location.get(name) {
+            let mmap = &self.files[i].mmap;
+            let offset = bytes.as_ptr() as usize - mmap.as_ptr() as usize;
+            // SAFETY: the map is a read-only file mapping and no slice into this range outlives
+            // this call (the caller copied the values out); DONTNEED on such a mapping only
+            // drops pages, which a later access faults back in from the file.
+            let _ = unsafe {
+                mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len())
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = (name, bytes);
     }
 
     /// Compare the stored names and shapes with what `config` needs; one error lists every

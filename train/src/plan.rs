@@ -1,0 +1,311 @@
+//! The memory plan of a training run (`decision train --plan`): what the weights, the trainable
+//! state and one micro-batch's activations take, before anything is loaded; and the refusal of
+//! a run whose plan exceeds the device.
+//!
+//! Activations are counted per token and layer from what Burn's autodiff keeps for the backward
+//! pass of our layer (`crate::model`): f32 norms, projections, RoPE copies, the shared key/value
+//! heads, the SwiGLU products, and, without recomputation, the attention scores of every layer.
+//! With recomputation (`crate::recompute`) only each layer's input stays, plus one layer's tape
+//! and three blocks of attention scores. The counts are element counts times the dtype's width;
+//! `RUNTIME` covers the process itself (code, tokenizer, allocator slack). The plan was checked
+//! against the measured peak RSS at three sizes (README, "Memory at real sizes").
+
+use std::fmt::Write as _;
+
+use anyhow::{Result, bail};
+
+use crate::config::Qwen3Config;
+use crate::run_config::{Mode, RunConfig};
+
+/// The process before any tensor: binary, tokenizer, runtime and allocator slack.
+pub const RUNTIME: u64 = 300 << 20;
+
+/// Bytes of the parts of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    /// Tokens per row the plan assumes (`[data] max_tokens`: batches pad to their longest row).
+    pub seq: usize,
+    pub batch: usize,
+    pub params: u64,
+    pub trainable_params: u64,
+    /// The model's weights in their dtype (the whole model in full fine-tuning).
+    pub weights: u64,
+    /// Trainable weights' gradients (accumulated and one micro-batch's) and AdamW's two moments,
+    /// and the adapters themselves in LoRA mode.
+    pub trainable_state: u64,
+    /// One micro-batch's activations with recomputation.
+    pub activations_recompute: u64,
+    /// One micro-batch's activations without it.
+    pub activations_taped: u64,
+    pub recompute: bool,
+    pub total: u64,
+}
+
+fn width(cfg: &RunConfig) -> u64 {
+    match (cfg.train.mode, cfg.train.dtype) {
+        (Mode::Full, _) | (_, crate::Precision::F32) => 4,
+        _ => 2,
+    }
+}
+
+/// Plan `cfg` for the architecture `arch`.
+pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
+    let (h, d) = (arch.hidden_size as u64, arch.head_dim as u64);
+    let (nh, layers) = (
+        arch.num_attention_heads as u64,
+        arch.num_hidden_layers as u64,
+    );
+    let qd = nh * d;
+    let kvd = arch.num_key_value_heads as u64 * d;
+    let i = arch.intermediate_size as u64;
+    let v = arch.vocab_size as u64;
+    let params: u64 = crate::weights::expected_tensors(arch)
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
+    let w = width(cfg);
+    let (b, s) = (cfg.train.batch_size as u64, cfg.data.max_tokens as u64);
+    let tokens = b * s;
+
+    let trainable_params = match cfg.train.mode {
+        Mode::Full => params,
+        Mode::Lora => {
+            let r = cfg.lora.rank as u64;
+            let dims = |t: &str| match t {
+                "q_proj" => h + qd,
+                "k_proj" | "v_proj" => h + kvd,
+                "o_proj" => qd + h,
+                _ => h + i,
+            };
+            layers * cfg.lora.targets.iter().map(|t| r * dims(t)).sum::<u64>()
+        }
+    };
+    let weights = params * w;
+    // f32 gradients (the accumulated sum and one micro-batch's), two AdamW moments, and the
+    // adapters' own f32 weights in LoRA mode.
+    let own = if cfg.train.mode == Mode::Lora { 4 } else { 0 };
+    let trainable_state = trainable_params * (4 + 4 + 8 + own);
+
+    // Per token, per layer, what the tape keeps (bytes): each RMSNorm keeps its f32 input and
+    // normalised value and its output; RoPE its input, the rotated copy and the concatenation;
+    // the shared key/value heads a copy per query head; SwiGLU four intermediate-sized tensors.
+    let norm = |n: u64| n * (4 + 4 + w);
+    let attn_in = norm(h) + norm(qd) + norm(kvd) + 3 * qd * w + 3 * kvd * w + kvd * w;
+    let attn_out = 2 * qd * w + h * w;
+    let mlp = norm(h) + 4 * i * w + h * w;
+    let layer = attn_in + attn_out + mlp;
+    let scores_taped = 3 * nh * s * w;
+    let taped = tokens * layers * (layer + 2 * qd * w + scores_taped);
+
+    let chunk = crate::recompute::query_chunk(b as usize, nh as usize, s as usize) as u64;
+    // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the
+    // hand-made attention core; three score blocks; the gradient flowing between layers.
+    let core = (2 * qd + 2 * kvd) * 4 * 2;
+    let recompute =
+        tokens * layers * h * w + tokens * (layer + core + 3 * h * 4) + 3 * b * nh * chunk * s * 4;
+    // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
+    let head = if cfg.loss.lm_weight > 0.0 {
+        3 * tokens * v * 4
+    } else {
+        tokens * h * 4 * 2
+    };
+    let activations_taped = taped + head;
+    let activations_recompute = recompute + head;
+    let act = if cfg.train.recompute {
+        activations_recompute
+    } else {
+        activations_taped
+    };
+    MemoryPlan {
+        seq: s as usize,
+        batch: b as usize,
+        params,
+        trainable_params,
+        weights,
+        trainable_state,
+        activations_recompute,
+        activations_taped,
+        recompute: cfg.train.recompute,
+        total: RUNTIME + weights + trainable_state + act,
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+impl MemoryPlan {
+    /// The table `--plan` prints.
+    pub fn render(&self, cfg: &RunConfig, device: Option<&DeviceMemory>) -> String {
+        let mut o = String::new();
+        let dtype = if width(cfg) == 2 {
+            cfg.train.dtype.to_string()
+        } else {
+            "f32".into()
+        };
+        let _ = writeln!(
+            o,
+            "memory plan: {} parameters ({} trainable), micro-batch {} x {} tokens, {dtype} weights",
+            self.params, self.trainable_params, self.batch, self.seq
+        );
+        let row = |o: &mut String, what: &str, b: u64| {
+            let _ = writeln!(o, "  {what:<44} {:>12}", gib(b));
+        };
+        row(&mut o, "weights", self.weights);
+        row(
+            &mut o,
+            "trainable state (weights, grads, AdamW)",
+            self.trainable_state,
+        );
+        let (on, off) = if self.recompute {
+            ("", " (not used)")
+        } else {
+            (" (not used)", "")
+        };
+        row(
+            &mut o,
+            &format!("activations with recompute{on}"),
+            self.activations_recompute,
+        );
+        row(
+            &mut o,
+            &format!("activations without recompute{off}"),
+            self.activations_taped,
+        );
+        row(&mut o, "runtime", RUNTIME);
+        row(&mut o, "total", self.total);
+        if let Some(dev) = device {
+            let _ = writeln!(
+                o,
+                "  {:<44} {:>12}",
+                format!("device ({})", dev.what),
+                gib(dev.bytes)
+            );
+        }
+        o
+    }
+
+    /// Refuse a plan over the device's memory, suggesting settings that fit.
+    pub fn check(&self, cfg: &RunConfig, arch: &Qwen3Config, dev: &DeviceMemory) -> Result<()> {
+        if self.total <= dev.bytes {
+            return Ok(());
+        }
+        let mut fits = Vec::new();
+        let effective = cfg.train.batch_size * cfg.optim.grad_accum;
+        for (dtype, recompute) in [(cfg.train.dtype, true), (crate::Precision::Bf16, true)] {
+            for bs in [cfg.train.batch_size, 8, 4, 2, 1] {
+                if bs > cfg.train.batch_size {
+                    continue;
+                }
+                let mut c = cfg.clone();
+                c.train.batch_size = bs;
+                c.train.shards = c.train.shards.min(bs);
+                c.optim.grad_accum = effective.div_ceil(bs);
+                c.train.recompute = recompute;
+                if c.train.mode == Mode::Lora {
+                    c.train.dtype = dtype;
+                }
+                let p = plan(&c, arch);
+                if p.total <= dev.bytes {
+                    fits.push(format!(
+                        "--set train.batch_size={bs} --set optim.grad_accum={} --set train.recompute=true{} ({})",
+                        c.optim.grad_accum,
+                        if c.train.mode == Mode::Lora && dtype != crate::Precision::F32 {
+                            format!(" --set train.dtype={dtype}")
+                        } else {
+                            String::new()
+                        },
+                        gib(p.total)
+                    ));
+                    break;
+                }
+            }
+        }
+        fits.dedup();
+        let advice = match fits.first() {
+            Some(f) => format!("this would fit: {f}"),
+            None => "no batch size fits; shorten [data] max_tokens or use a smaller model".into(),
+        };
+        bail!(
+            "the run needs about {} but the device ({}) has {}; {advice}. `decision train --plan` \
+             prints the whole plan",
+            gib(self.total),
+            dev.what,
+            gib(dev.bytes)
+        )
+    }
+}
+
+/// How much memory a run may use on its device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceMemory {
+    pub bytes: u64,
+    pub what: String,
+}
+
+/// The memory of `backend`'s device: RAM (`MemTotal`) on the CPU, as far as this system says.
+/// `None` where it cannot be known (the wgpu adapter's memory is not exposed through Burn).
+pub fn device_memory(backend: crate::Backend) -> Option<DeviceMemory> {
+    match backend {
+        crate::Backend::Cpu => {
+            let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+            let kb: u64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            Some(DeviceMemory {
+                bytes: kb * 1024,
+                what: "RAM".into(),
+            })
+        }
+        crate::Backend::Wgpu => None,
+    }
+}
+
+/// The architecture a run trains, from its config alone (the source's `config.json`, or
+/// `[model.arch]` for a random init), without loading any weights.
+pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
+    use anyhow::Context as _;
+    match cfg.model.init {
+        crate::run_config::Init::Pretrained => {
+            let src = cfg.model.source.as_deref().unwrap_or_default();
+            let dir = crate::hub::resolve(src, &crate::hub::HubEnv::from_env())?;
+            Qwen3Config::from_file(&dir.dir.join("config.json"))
+        }
+        crate::run_config::Init::Random => {
+            let mut json = serde_json::to_value(cfg.model.arch.as_ref().context("[model.arch]")?)?;
+            json["model_type"] = "qwen3".into();
+            if json.get("vocab_size").is_none() {
+                // The word-level vocabulary is built from the data later; it is small.
+                json["vocab_size"] = 4096.into();
+            }
+            Qwen3Config::from_json(&json).context("[model.arch]")
+        }
+    }
+}
+
+/// The device memory to plan against: `DECISION_DEVICE_MEMORY` (GiB) when set, else what the
+/// system reports for the backend.
+pub fn device_limit(backend: crate::Backend) -> Result<Option<DeviceMemory>> {
+    match std::env::var("DECISION_DEVICE_MEMORY") {
+        Ok(v) => {
+            let gib: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|g: &f64| *g > 0.0)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("DECISION_DEVICE_MEMORY={v:?}: expected a size in GiB, e.g. 24")
+                })?;
+            Ok(Some(DeviceMemory {
+                bytes: (gib * (1u64 << 30) as f64) as u64,
+                what: "DECISION_DEVICE_MEMORY".into(),
+            }))
+        }
+        Err(_) => Ok(device_memory(backend)),
+    }
+}

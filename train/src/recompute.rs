@@ -1,0 +1,446 @@
+//! Layer recomputation (`[train] recompute = true`): a training step whose activation memory is
+//! one decoder layer's worth plus each layer's input, instead of every intermediate of every
+//! layer.
+//!
+//! Burn's autodiff keeps every matmul output of a forward pass until the backward pass, and has
+//! no block-level checkpoint API. So the step is built by hand:
+//!
+//! 1. a forward pass without autodiff that keeps only each layer's input `x_i`;
+//! 2. the head (final norm, option logits, loss) on the last output, as an autodiff leaf: its
+//!    backward gives the loss gradient `g` of that output;
+//! 3. from the top layer down: re-run the layer on `x_i` as a fresh leaf and back-propagate `g`
+//!    into it (the backward of `Σ out ⊙ g` is the vector–Jacobian product), which gives the
+//!    layer's parameter gradients and the next `g`.
+//!
+//! Within a layer the attention core is not taped at all: [`attention_forward`] and
+//! [`attention_backward`] compute it, and its gradient, block by block of queries, so at most
+//! one `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings) is alive at a
+//! time. The layer is taped in two pieces around it: `x → (q, k, v)` and `(x, heads) → out`.
+//!
+//! The gradients equal those of the ordinary pass up to float rounding (tests in
+//! `trainer_tests.rs`). LoRA dropout is refused with recompute: the recomputed pass would draw
+//! other masks than the forward pass that produced the stored inputs.
+
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::activation::softmax;
+use burn::tensor::module::embedding;
+use burn::tensor::{DType, FloatDType, Tensor};
+
+use crate::model::{Batch, LayerInputs, Qwen3};
+
+/// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
+/// 256 MiB per block.
+pub const SCORE_BLOCK: usize = 1 << 26;
+
+/// Query rows per attention block for a batch of `b` rows of `s` tokens and `heads` heads.
+pub fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
+    (SCORE_BLOCK / (b * heads * s).max(1)).clamp(1, s.max(1))
+}
+
+/// The loss (as `head` computes it from the last decoder layer's output `[b, s, hidden]`) and the
+/// gradients of every trainable parameter, by layer recomputation. `model` is on an autodiff
+/// device. A non-finite loss returns no gradients.
+pub fn loss_and_grads(
+    model: &Qwen3,
+    batch: &Batch,
+    head: impl FnOnce(Tensor<3>) -> Tensor<1>,
+) -> (f32, GradientsParams) {
+    let heads = model
+        .model
+        .layers
+        .first()
+        .map_or(1, |l| l.self_attn.num_heads);
+    let chunk = query_chunk(batch.len(), heads, batch.seq_len());
+    loss_and_grads_in_blocks(model, batch, head, chunk)
+}
+
+/// [`loss_and_grads`] with attention in blocks of `chunk` query rows.
+fn loss_and_grads_in_blocks(
+    model: &Qwen3,
+    batch: &Batch,
+    head: impl FnOnce(Tensor<3>) -> Tensor<1>,
+    chunk: usize,
+) -> (f32, GradientsParams) {
+    let device = model.device();
+    let plain = device.clone().inner();
+    let dtype = model.dtype();
+    let inputs = LayerInputs::new(batch, model.head_dim(), model.rope_theta, dtype, &plain);
+    let embed = &model.model.embed_tokens.weight;
+
+    let [b, s] = [batch.len(), batch.seq_len()];
+    let bias =
+        Tensor::<4>::zeros([b, 1, s, s], &plain).mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+
+    // 1. Forward without a tape, keeping each layer's input; attention in blocks as below.
+    let mut x = embedding(embed.val().inner(), Qwen3::ids_tensor(batch, &plain));
+    let mut saved = Vec::with_capacity(model.model.layers.len());
+    for layer in &model.model.layers {
+        saved.push(x.clone());
+        let layer = layer.valid();
+        let (q, k, v) = layer.attention_inputs(x.clone(), &inputs);
+        let [q, k, v] = [q, k, v].map(f32_of);
+        let heads = attention_forward(&q, &k, &v, &bias, layer.self_attn.scale(), chunk);
+        x = layer.finish(x, heads.cast(dtype));
+    }
+
+    // 2. The head, from the last output as a leaf.
+    let mut acc = GradientsAccumulator::<Qwen3>::new();
+    let top = x.autodiff().require_grad();
+    let loss = head(top.clone());
+    let value: f32 = loss.clone().into_scalar();
+    if !value.is_finite() {
+        return (value, GradientsParams::new());
+    }
+    let mut grads = loss.backward();
+    let mut g = f32_of(
+        top.grad_remove(&mut grads)
+            .expect("the loss depends on the last layer"),
+    );
+    acc.accumulate(model, GradientsParams::from_grads(grads, model));
+
+    // 3. Layers from the top down.
+    for (layer, x_in) in model.model.layers.iter().zip(saved).rev() {
+        let scale = layer.self_attn.scale();
+        // (q, k, v) from x, taped.
+        let xa = x_in.clone().autodiff().require_grad();
+        let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs);
+        let [qp, kp, vp] = [&q, &k, &v].map(|t| f32_of(t.clone().inner()));
+        let out = attention_forward(&qp, &kp, &vp, &bias, scale, chunk);
+        // (x, heads) → layer output, taped, and g pushed through it.
+        let xc = x_in.autodiff().require_grad();
+        let heads_leaf = out.clone().cast(dtype).autodiff().require_grad();
+        let y = layer.finish(xc.clone(), heads_leaf.clone());
+        let mut grads = (y * g.cast(dtype)).sum().backward();
+        let g_heads = f32_of(
+            heads_leaf
+                .grad_remove(&mut grads)
+                .expect("heads feed the output"),
+        );
+        let g_xc = f32_of(
+            xc.grad_remove(&mut grads)
+                .expect("the residual feeds the output"),
+        );
+        acc.accumulate(model, GradientsParams::from_grads(grads, layer));
+        // The attention core by hand, then (q, k, v)'s gradients through their tape.
+        let (dq, dk, dv) = attention_backward(&qp, &kp, &vp, &out, &g_heads, &bias, scale, chunk);
+        let tied =
+            (q * dq.cast(dtype)).sum() + (k * dk.cast(dtype)).sum() + (v * dv.cast(dtype)).sum();
+        let mut grads = tied.backward();
+        let g_xa = f32_of(xa.grad_remove(&mut grads).expect("q, k, v depend on x"));
+        acc.accumulate(model, GradientsParams::from_grads(grads, layer));
+        g = g_xa + g_xc;
+    }
+
+    // The embedding, when it trains (full fine-tuning).
+    if embed.is_require_grad() {
+        let e = embedding(embed.val(), Qwen3::ids_tensor(batch, &device));
+        let grads = (e * g.cast(dtype)).sum().backward();
+        acc.accumulate(
+            model,
+            GradientsParams::from_grads(grads, &model.model.embed_tokens),
+        );
+    }
+    (value, acc.grads())
+}
+
+fn f32_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(FloatDType::F32)
+    }
+}
+
+/// Softmax probabilities of one block of queries, `[b, kv_heads, groups·c, s]`, from the block's
+/// queries `qc` (`[b, kv_heads, groups·c, d]`), `kᵀ` (`[b, kv_heads, d, s]`) and the additive
+/// mask `bias` (`[b, 1, s, s]`: 0 or −∞) at query rows `c0..c0 + c`.
+fn block_probs(
+    qc: Tensor<4>,
+    kt: &Tensor<4>,
+    bias: &Tensor<4>,
+    c0: usize,
+    c: usize,
+    scale: f64,
+) -> Tensor<4> {
+    let [b, kvh, gc, s] = [qc.dims()[0], qc.dims()[1], qc.dims()[2], kt.dims()[3]];
+    let groups = gc / c;
+    let scores = qc
+        .matmul(kt.clone())
+        .mul_scalar(scale)
+        .reshape([b, kvh, groups, c, s])
+        + bias.clone().narrow(2, c0, c).reshape([b, 1, 1, c, s]);
+    softmax(scores, 4).reshape([b, kvh, gc, s])
+}
+
+/// The rows `c0..c0 + c` of `t` (`[b, heads, s, d]`), with heads grouped by the key/value head
+/// they share: `[b, kv_heads, groups·c, d]`.
+fn grouped(t: &Tensor<4>, kvh: usize, c0: usize, c: usize) -> Tensor<4> {
+    let [b, h, _, d] = t.dims();
+    t.clone()
+        .narrow(2, c0, c)
+        .reshape([b, kvh, (h / kvh) * c, d])
+}
+
+/// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`,
+/// in blocks of `chunk` query rows. `q` is `[b, heads, s, d]`, `k` and `v` `[b, kv_heads, s, d]`,
+/// `bias` `[b, 1, s, s]`; returns `[b, heads, s, d]`. f32 throughout.
+pub fn attention_forward(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    bias: &Tensor<4>,
+    scale: f64,
+    chunk: usize,
+) -> Tensor<4> {
+    let [b, h, s, d] = q.dims();
+    let kvh = k.dims()[1];
+    let kt = k.clone().swap_dims(2, 3);
+    let blocks: Vec<Tensor<4>> = (0..s)
+        .step_by(chunk.max(1))
+        .map(|c0| {
+            let c = chunk.min(s - c0);
+            let p = block_probs(grouped(q, kvh, c0, c), &kt, bias, c0, c, scale);
+            p.matmul(v.clone()).reshape([b, h, c, d])
+        })
+        .collect();
+    Tensor::cat(blocks, 2)
+}
+
+/// The gradients `(dq, dk, dv)` of [`attention_forward`] given its output `out` and the output's
+/// gradient `d_out`, block by block: with `P` the block's probabilities,
+/// `dv += Pᵀ·dO`, `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`, `dk += dSᵀ·q`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    out: &Tensor<4>,
+    d_out: &Tensor<4>,
+    bias: &Tensor<4>,
+    scale: f64,
+    chunk: usize,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let [b, h, s, d] = q.dims();
+    let kvh = k.dims()[1];
+    let kt = k.clone().swap_dims(2, 3);
+    let vt = v.clone().swap_dims(2, 3);
+    let mut dk = k.zeros_like();
+    let mut dv = v.zeros_like();
+    let mut dq = Vec::new();
+    for c0 in (0..s).step_by(chunk.max(1)) {
+        let c = chunk.min(s - c0);
+        let qc = grouped(q, kvh, c0, c);
+        let p = block_probs(qc.clone(), &kt, bias, c0, c, scale);
+        let doc = grouped(d_out, kvh, c0, c);
+        let oc = grouped(out, kvh, c0, c);
+        dv = dv + p.clone().swap_dims(2, 3).matmul(doc.clone());
+        let dp = doc.clone().matmul(vt.clone());
+        let delta = (doc * oc).sum_dim(3);
+        let ds = (p * (dp - delta)).mul_scalar(scale);
+        dq.push(ds.clone().matmul(k.clone()).reshape([b, h, c, d]));
+        dk = dk + ds.swap_dims(2, 3).matmul(qc);
+    }
+    (Tensor::cat(dq, 2), dk, dv)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::optim::GradientsParams;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::*;
+    use crate::config::Qwen3Config;
+    use crate::loss::{LossTargets, batch_loss};
+    use crate::model::{Batch, Qwen3, init_random};
+
+    fn config(tied: bool) -> Qwen3Config {
+        Qwen3Config::from_json(&serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": tied, "max_position_embeddings": 64
+        }))
+        .unwrap()
+    }
+
+    /// Two rows, the second left-padded: the mask and position ids matter.
+    fn batch() -> Batch {
+        let a: &[u32] = &[3, 7, 1, 9, 4, 2, 8];
+        let b: &[u32] = &[5, 8, 6];
+        Batch::left_padded(&[a, b], 0)
+    }
+
+    /// The decision loss plus a next-token term, so every position's hidden state matters.
+    fn head(model: &Qwen3) -> impl FnOnce(Tensor<3>) -> Tensor<1> + '_ {
+        move |decoded: Tensor<3>| {
+            let [b, s, h] = decoded.dims();
+            let hidden = model.model.norm.forward(decoded);
+            let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
+            let logits = model.token_logits(last, &[10, 11, 12]);
+            let t = LossTargets::build(&[(3, 1, Some(vec![0.2, 0.7, 0.1])), (2, 0, None)], 0.3);
+            let (absent, q, onehot) = t.tensors(&logits.device());
+            let all = model.logits(hidden).sum().mul_scalar(0.01);
+            batch_loss(logits, absent, q, onehot, 0.5) + all
+        }
+    }
+
+    /// Every gradient in `grads` as (parameter path, values), in module order.
+    fn gradients(model: &Qwen3, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
+        struct Collect<'a> {
+            grads: &'a GradientsParams,
+            path: Vec<String>,
+            out: Vec<(String, Vec<f32>)>,
+        }
+        impl ModuleVisitor for Collect<'_> {
+            fn enter_module(&mut self, name: &str, _: &str) {
+                self.path.push(name.to_string());
+            }
+            fn exit_module(&mut self, _: &str, _: &str) {
+                self.path.pop();
+            }
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                if let Some(g) = self.grads.get::<D>(p.id) {
+                    let v = g.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+                    self.out.push((self.path.join("."), v));
+                }
+            }
+        }
+        let mut c = Collect {
+            grads,
+            path: Vec::new(),
+            out: Vec::new(),
+        };
+        model.visit(&mut c);
+        c.out
+    }
+
+    /// Recomputed gradients against the ordinary taped pass: same parameters, each within 1e-5
+    /// of its tensor's largest gradient.
+    fn assert_same_gradients(model: &Qwen3, chunk: usize) -> usize {
+        let b = batch();
+        let loss = head(model)(model.decode(&b));
+        let want_loss: f32 = loss.clone().into_scalar();
+        let want = gradients(model, &GradientsParams::from_grads(loss.backward(), model));
+        let (got_loss, grads) = loss_and_grads_in_blocks(model, &b, head(model), chunk);
+        let got = gradients(model, &grads);
+        assert!((want_loss - got_loss).abs() <= 1e-5 * want_loss.abs().max(1.0));
+        let names = |g: &[(String, Vec<f32>)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&want),
+            names(&got),
+            "the same parameters get gradients"
+        );
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert!(scale > 0.0, "{name}: a zero gradient proves nothing");
+            let diff = w
+                .iter()
+                .zip(g)
+                .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                diff <= 1e-5 * scale,
+                "{name}: |Δ| {diff} against max |g| {scale}"
+            );
+        }
+        want.len()
+    }
+
+    #[test]
+    fn full_fine_tuning_gradients_match_the_taped_pass() {
+        let device = burn::tensor::Device::flex();
+        for tied in [false, true] {
+            let model = init_random(&config(tied), 0.3, &device)
+                .train()
+                .set_require_grad(true);
+            // every weight of 3 layers (11 each), embedding, final norm, and the untied head
+            let n = assert_same_gradients(&model, 2);
+            assert_eq!(n, 3 * 11 + 2 + usize::from(!tied));
+            assert_same_gradients(&model, 64);
+        }
+    }
+
+    #[test]
+    fn lora_gradients_match_the_taped_pass() {
+        let device = burn::tensor::Device::flex();
+        let base = init_random(&config(false), 0.3, &device).train();
+        let spec = crate::lora::LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: crate::run_config::LORA_TARGETS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        };
+        let mut model = crate::lora::attach(base, &spec, 1);
+        // B = 0 at initialisation would leave A's gradients zero: give B values.
+        for layer in &mut model.model.layers {
+            for proj in [
+                &mut layer.self_attn.q_proj,
+                &mut layer.self_attn.k_proj,
+                &mut layer.self_attn.v_proj,
+                &mut layer.self_attn.o_proj,
+                &mut layer.mlp.gate_proj,
+                &mut layer.mlp.up_proj,
+                &mut layer.mlp.down_proj,
+            ] {
+                let ad = proj.lora.as_mut().unwrap();
+                let dims = ad.lora_b.shape().dims::<2>();
+                let b = Tensor::<2>::random(
+                    dims,
+                    Distribution::Normal(0.0, 0.3),
+                    &device.clone().autodiff(),
+                );
+                ad.lora_b = Param::initialized(ad.lora_b.id, b.require_grad());
+            }
+        }
+        // only the adapters: 2 matrices on each of 7 projections of 3 layers
+        assert_eq!(assert_same_gradients(&model, 3), 3 * 7 * 2);
+    }
+
+    #[test]
+    fn blocked_attention_matches_burns() {
+        let device = burn::tensor::Device::flex();
+        let [b, h, kvh, s, d] = [2, 4, 2, 7, 8];
+        let q = Tensor::<4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let inputs = crate::model::LayerInputs::new(&batch(), d, 10000.0, DType::F32, &device);
+        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
+            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+        let repeat = |t: &Tensor<4>| {
+            t.clone()
+                .reshape([b, kvh, 1, s, d])
+                .expand([b, kvh, h / kvh, s, d])
+                .reshape([b, h, s, d])
+        };
+        let want = burn::tensor::module::attention(
+            q.clone(),
+            repeat(&k),
+            repeat(&v),
+            Some(inputs.mask.clone()),
+            None,
+            AttentionModuleOptions {
+                scale: Some(0.3),
+                softcap: None,
+                is_causal: false,
+            },
+        );
+        for chunk in [1, 3, 7] {
+            let got = attention_forward(&q, &k, &v, &bias, 0.3, chunk);
+            let diff = (got - want.clone()).abs().max().into_scalar::<f32>();
+            assert!(diff <= 1e-5, "chunk {chunk}: {diff}");
+        }
+    }
+
+    #[test]
+    fn query_chunks_keep_a_block_within_budget() {
+        assert_eq!(query_chunk(1, 32, 2048), 1024);
+        assert_eq!(query_chunk(1, 2, 8), 8);
+        let c = query_chunk(2, 32, 2048);
+        assert!(2 * 32 * c * 2048 <= SCORE_BLOCK && c >= 1);
+    }
+}
