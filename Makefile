@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint bench-fit bench-train bench-score bench-export bench-worker
+.PHONY: all build demo test bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker
 
 all: test
 
@@ -59,6 +59,17 @@ bench-export: build
 	$(BIN) export --model tests/fixtures/export/tiny --adapter tests/fixtures/export/tiny-lora --formats onnx,peft \
 		--dtype f16 --opset 23 --external-data --out $(EXPORT_OUT)/lora-bundle --force
 	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/lora-bundle --base tests/fixtures/export/tiny
+
+## bench-scale: LoRA r16 at the Qwen3-0.6B shape (random bf16 weights), micro-batches 2 x 1024 and
+## 1 x 2048 tokens: `decision train` (bf16 base, recompute) vs PyTorch + transformers + peft (bf16,
+## gradient checkpointing, SDPA), tokens/s and peak RSS as ratios, beside `--plan`. Creates its own
+## venv (scripts/requirements-train.txt) unless SCALE_PYTHON names one. About 40 minutes on 2 cores.
+SCALE_VENV  := bench-out/venv-train
+SCALE_PYTHON ?= $(SCALE_VENV)/bin/python
+bench-scale: build
+	$(CARGO) build -p decision-train --example random_qwen3
+	test -x $(SCALE_PYTHON) || (python3 -m venv $(SCALE_VENV) && $(SCALE_VENV)/bin/pip install -q -r scripts/requirements-train.txt)
+	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
 
 ## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives
 ## it: start-up to the ready line, p50 / p95 per decision over 200 keel-shaped requests, on the worker

@@ -1,0 +1,230 @@
+"""LoRA training at a real size, side by side: `decision train` (Burn, CPU, bf16 base, layer
+recomputation) against PyTorch + transformers + peft (CPU, bf16, gradient checkpointing, SDPA
+attention), on the same random Qwen3 checkpoint and the same token ids, one run.
+
+Run by `make bench-scale` (or by hand, after `cargo build -p decision --example random_qwen3`):
+    python scripts/bench_scale.py --decision target/debug/decision \
+        --make-model target/debug/examples/random_qwen3 --out bench-out/scale
+
+The model: configs/shapes/qwen3-0.6b.json (28 layers, hidden 1024, 16 / 8 heads, head_dim 128,
+intermediate 3072, vocabulary 151 936, tied), random bf16 weights written by the
+`random_qwen3` example, the word-level tokenizer of tests/fixtures/export/tiny. LoRA r 16,
+alpha 32, no dropout, on all seven projections. Two workloads: micro-batches of 2 x 1024 and
+1 x 2048 tokens (the states' contexts are padded to those lengths). Each side runs STEPS
+optimizer steps; tokens/s is the median over the steps after the first; peak memory is the
+process's max RSS (the whole run: loading, training and, for ours, the final evaluation and
+save). `decision train --plan` is printed beside our peak. Writes OUT/bench-scale.json.
+Requirements: scripts/requirements-train.txt.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPE = "configs/shapes/qwen3-0.6b.json"
+TOKENIZER = "tests/fixtures/export/tiny/tokenizer.json"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def run_measured(cmd, env=None):
+    """Run `cmd`, return (seconds, max RSS in MiB, stdout)."""
+    t = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(map(str, cmd))}\n{out}")
+    return time.time() - t, usage.ru_maxrss / 1024.0, out
+
+
+RUN_CONFIG = """
+name = "bench-scale"
+[model]
+init = "pretrained"
+source = "{model}"
+[data]
+train = "{states}"
+valid = "{valid}"
+max_options = 26
+max_tokens = {max_tokens}
+shuffle_options = false
+[loss]
+brier_weight = 0.5
+teacher_blend = 0.0
+[lora]
+rank = 16
+alpha = 32.0
+dropout = 0.0
+targets = {targets}
+[optim]
+lr = 1e-4
+warmup_steps = 0
+grad_accum = 1
+clip = 1.0
+weight_decay = 0.0
+[train]
+mode = "lora"
+max_steps = {steps}
+batch_size = {batch}
+dtype = "bf16"
+recompute = true
+log_every = 1
+eval_every = 0
+checkpoint_every = 0
+[eval]
+batch_size = 1
+permutations = 0
+"""
+
+
+def rust_tokens_per_s(run_dir):
+    lines = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
+    tps = [l["tokens_per_s"] for l in lines if l.get("kind") == "train"][1:]
+    return statistics.median(tps)
+
+
+def encode_states(model_dir, states):
+    """Token ids of each state as `decision` renders them (decision.json's template, the
+    model's tokenizer.json), in the original candidate order: (input_ids, option ids, answer)."""
+    from tokenizers import Tokenizer
+    spec = json.load(open(model_dir / "decision.json"))
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    t = spec["template"]
+    out = []
+    for s in states:
+        opts = t["option_separator"].join(
+            t["option"].replace("{label}", spec["labels"][i]).replace("{text}", c["label"])
+            for i, c in enumerate(s["candidates"]))
+        text = t["text"].replace("{point}", s["point"]).replace("{context}", s["context"]).replace("{options}", opts)
+        ids = tok.encode(text).ids
+        answer = [c["id"] for c in s["candidates"]].index(s["answer"])
+        out.append((ids, spec["label_token_ids"][:len(s["candidates"])], answer))
+    return out
+
+
+def torch_worker(args):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model_dir = pathlib.Path(args.model)
+    states = [json.loads(l) for l in open(args.states)]
+    data = encode_states(model_dir, states)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.gradient_checkpointing_enable()
+    model.enable_input_require_grads()
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                             target_modules=TARGETS))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    base = model.get_base_model()
+    head = base.lm_head.weight
+    tps = []
+    for step in range(args.steps):
+        batch = [data[(step * args.batch + i) % len(data)] for i in range(args.batch)]
+        L = max(len(b[0]) for b in batch)
+        ids = torch.zeros(len(batch), L, dtype=torch.long)
+        mask = torch.zeros(len(batch), L, dtype=torch.long)
+        for i, (toks, _, _) in enumerate(batch):
+            ids[i, L - len(toks):] = torch.tensor(toks)
+            mask[i, L - len(toks):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        kmax = max(len(b[1]) for b in batch)
+        labels = torch.tensor(next(b[1] for b in batch if len(b[1]) == kmax))
+        absent = torch.zeros(len(batch), kmax)
+        onehot = torch.zeros(len(batch), kmax)
+        for i, (_, opts, ans) in enumerate(batch):
+            absent[i, len(opts):] = -1e9
+            onehot[i, ans] = 1.0
+        t = time.time()
+        hidden = base.model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state[:, -1]
+        logits = (hidden @ head[labels].T).float() + absent
+        logp = torch.log_softmax(logits, -1)
+        p = logp.exp()
+        loss = (-(onehot * logp).sum(-1) + 0.5 * ((p - onehot) ** 2).sum(-1)).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tps.append(int(mask.sum()) / (time.time() - t))
+        print(f"torch step {step + 1}: {tps[-1]:.1f} tokens/s", file=sys.stderr)
+    json.dump({"tokens_per_s": statistics.median(tps[1:]), "threads": torch.get_num_threads()}, open(args.result, "w"))
+
+
+def plan_total_gib(decision, config):
+    _, _, out = run_measured([decision, "train", "--config", str(config), "--plan"])
+    line = next(l for l in out.splitlines() if l.strip().startswith("total"))
+    return float(line.split()[-2])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--decision", default="target/debug/decision")
+    ap.add_argument("--make-model", default="target/debug/examples/random_qwen3")
+    ap.add_argument("--out", default="bench-out/scale")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--shape", default=SHAPE)
+    ap.add_argument("--workloads", default="2x1024,1x2048")
+    ap.add_argument("--torch-worker", action="store_true")
+    ap.add_argument("--model")
+    ap.add_argument("--states")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--result")
+    args = ap.parse_args()
+    if args.torch_worker:
+        return torch_worker(args)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for w in args.workloads.split(","):
+        batch, tokens = map(int, w.split("x"))
+        model = out / f"model-{tokens}"
+        if not (model / "model.safetensors").exists():
+            subprocess.run([args.make_model, "--config", args.shape, "--dtype", "bf16", "--out", str(model),
+                            "--tokenizer", TOKENIZER, "--states", str(8 * batch + 2), "--tokens", str(tokens)],
+                           check=True)
+            lines = open(model / "states.jsonl").read().splitlines()
+            (model / "train.jsonl").write_text("\n".join(lines[:-2]) + "\n")
+            (model / "valid.jsonl").write_text("\n".join(lines[-2:]) + "\n")
+        cfg = out / f"run-{w}.toml"
+        cfg.write_text(RUN_CONFIG.format(model=model.resolve(), states=(model / "train.jsonl").resolve(),
+                                         valid=(model / "valid.jsonl").resolve(), max_tokens=tokens + 256,
+                                         targets=json.dumps(TARGETS), steps=args.steps, batch=batch))
+        run_dir = out / f"ours-{w}"
+        if run_dir.exists():
+            import shutil
+            shutil.rmtree(run_dir)
+        plan = plan_total_gib(args.decision, cfg)
+        secs, rss, _ = run_measured([args.decision, "train", "--config", str(cfg), "--out", str(run_dir)])
+        r = {"ours_tokens_per_s": rust_tokens_per_s(run_dir), "ours_peak_rss_mib": rss, "ours_wall_s": secs,
+             "ours_plan_gib": plan}
+        res = out / f"torch-{w}.json"
+        secs, rss, _ = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(model),
+                                     "--states", str(model / "train.jsonl"), "--steps", str(args.steps),
+                                     "--batch", str(batch), "--result", str(res)])
+        t = json.load(open(res))
+        r.update(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_wall_s=secs,
+                 torch_threads=t["threads"])
+        r["tokens_per_s_ratio"] = r["ours_tokens_per_s"] / r["torch_tokens_per_s"]
+        r["peak_rss_ratio"] = r["ours_peak_rss_mib"] / r["torch_peak_rss_mib"]
+        results[w] = r
+        json.dump(results, open(out / "bench-scale.json", "w"), indent=1)
+    print(f"{'micro-batch':<12} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours MiB':>9} "
+          f"{'torch MiB':>10} {'ratio':>6} {'plan MiB':>9}")
+    for w, r in results.items():
+        print(f"{w:<12} {r['ours_tokens_per_s']:>10.1f} {r['torch_tokens_per_s']:>11.1f} {r['tokens_per_s_ratio']:>6.2f} "
+              f"{r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f} {r['peak_rss_ratio']:>6.2f} "
+              f"{r['ours_plan_gib'] * 1024:>9.0f}")
+
+
+if __name__ == "__main__":
+    main()
