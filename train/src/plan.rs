@@ -38,6 +38,9 @@ pub struct MemoryPlan {
     /// One micro-batch's activations without it.
     pub activations_taped: u64,
     pub recompute: bool,
+    /// The end of a run besides the weights: the merged projections beside the trained model
+    /// (LoRA), the trainable state, and the largest tensor's f32 copies while `final/` is saved.
+    pub finish: u64,
     pub total: u64,
 }
 
@@ -116,6 +119,18 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     } else {
         activations_taped
     };
+    let largest = crate::weights::expected_tensors(arch)
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .max()
+        .unwrap_or(0);
+    let projections = layers * (h * qd * 2 + h * kvd * 2 + 3 * h * i);
+    let merged = if cfg.train.mode == Mode::Lora {
+        projections * w
+    } else {
+        0
+    };
+    let finish = merged + trainable_state + 2 * largest * 4;
     MemoryPlan {
         seq: s as usize,
         batch: b as usize,
@@ -126,7 +141,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         activations_recompute,
         activations_taped,
         recompute: cfg.train.recompute,
-        total: RUNTIME + weights + trainable_state + act,
+        finish,
+        total: RUNTIME + weights + (trainable_state + act).max(finish),
     }
 }
 
@@ -173,7 +189,12 @@ impl MemoryPlan {
             self.activations_taped,
         );
         row(&mut o, "runtime", RUNTIME);
-        row(&mut o, "total", self.total);
+        row(&mut o, "at the end: merge and save, instead", self.finish);
+        row(
+            &mut o,
+            "total (weights, runtime, the larger phase)",
+            self.total,
+        );
         if let Some(dev) = device {
             let _ = writeln!(
                 o,
@@ -206,7 +227,8 @@ impl MemoryPlan {
                     c.train.dtype = dtype;
                 }
                 let p = plan(&c, arch);
-                if p.total <= dev.bytes {
+                // Suggest only what leaves a tenth of the device free: a plan is an estimate.
+                if p.total <= dev.bytes / 10 * 9 {
                     fits.push(format!(
                         "--set train.batch_size={bs} --set optim.grad_accum={} --set train.recompute=true{} ({})",
                         c.optim.grad_accum,
@@ -222,9 +244,10 @@ impl MemoryPlan {
             }
         }
         fits.dedup();
-        let advice = match fits.first() {
-            Some(f) => format!("this would fit: {f}"),
-            None => "no batch size fits; shorten [data] max_tokens or use a smaller model".into(),
+        let advice = if fits.is_empty() {
+            "no batch size fits; shorten [data] max_tokens or use a smaller model".to_string()
+        } else {
+            format!("this would fit: {}", fits.join("; or "))
         };
         bail!(
             "the run needs about {} but the device ({}) has {}; {advice}. `decision train --plan` \
