@@ -68,6 +68,8 @@ pub struct ReadSummary {
     /// Records dropped because a record with the same id and body came first (only
     /// [`for_each_unique_receipt`] looks; a same id with another body is bad instead).
     pub duplicates: u64,
+    /// Torn last lines skipped (a file's last line with no newline that is not JSON).
+    pub torn: u64,
     /// Good records by shape.
     pub contract: u64,
     pub keel: u64,
@@ -175,13 +177,26 @@ fn read_all(
                         break;
                     }
                     row += 1;
-                    if buf.last() == Some(&b'\n') {
+                    let complete = buf.last() == Some(&b'\n');
+                    if complete {
                         buf.pop();
                     }
                     if row == 1 {
                         crate::states_io::strip_bom(&mut buf);
                     }
                     if buf.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    // A last line without its newline that is not even JSON is what a writer
+                    // killed mid-append leaves (decision-worker's log): skip it, and say so.
+                    if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_err() {
+                        s.torn += 1;
+                        eprintln!(
+                            "warning: {}: row {row}: skipped a torn last line ({} bytes, no newline, \
+                             not JSON): the writer was interrupted",
+                            path.display(),
+                            buf.len()
+                        );
                         continue;
                     }
                     s.records += 1;

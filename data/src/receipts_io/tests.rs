@@ -342,3 +342,34 @@ fn jsonl_with_a_byte_order_mark_reads_its_first_record() {
     assert_eq!(bad.len(), plain_bad.len());
     assert_eq!(by_id(&good, "c1").point, "tool");
 }
+
+/// A writer killed mid-append leaves a last line with no newline that is not JSON: it is
+/// skipped with a warning and counted as torn, not as a bad record. The same bytes mid-file, or
+/// a complete last line that is bad, stay bad records.
+#[test]
+fn a_torn_last_line_is_skipped_not_counted_bad() {
+    let good = r#"{"id":"c1","at":"2026-11-30T12:00:00Z","point":"tool","candidates":["a","b"],"result":{"kind":"pick","id":"a","confidence":0.93},"validation":"accepted"}"#;
+    let torn = r#"{"id":"c2","at":"2026-11-30T12:00:01Z","point":"to"#;
+    let dir = tempfile::tempdir().unwrap();
+    let read = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        fs::write(&path, text).unwrap();
+        let opts = ReadOptions {
+            outcome: patterns(),
+            progress: false,
+        };
+        read_receipts(&[path], &opts).unwrap()
+    };
+    let (g, b, s) = read("torn.jsonl", format!("{good}\n{torn}"));
+    assert_eq!((g.len(), b.len(), s.torn, s.records), (1, 0, 1, 1));
+    let (g, b, s) = read("middle.jsonl", format!("{torn}\n{good}\n"));
+    assert_eq!((g.len(), b.len(), s.torn), (1, 1, 0));
+    let (g, b, s) = read("complete.jsonl", format!("{good}\n{torn}\n"));
+    assert_eq!((g.len(), b.len(), s.torn), (1, 1, 0));
+    // valid JSON without its newline is a record like any other
+    let (g, _, s) = read(
+        "no-newline.jsonl",
+        format!("{good}\n{good}").replace("c1\"", "c9\""),
+    );
+    assert_eq!((g.len(), s.torn), (2, 0));
+}
