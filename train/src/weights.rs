@@ -344,7 +344,20 @@ pub fn load_model(
 ) -> Result<Qwen3> {
     let ckpt = Checkpoint::open(files)?;
     ckpt.check(config, origin)?;
-    build_model(config, device, dtype, |name| ckpt.read_f32(name))
+    build_model(config, device, dtype, |name| {
+        let data = ckpt.read_f32(name)?;
+        // A NaN or infinite weight would score every state with `confidence: null` (issue 19):
+        // refuse the checkpoint here, naming the tensor.
+        if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+            let bad = data.iter().filter(|x| !x.is_finite()).count();
+            bail!(
+                "{origin}: tensor {name:?} holds {bad} non-finite value(s) (the first, {}, at \
+                 element {i}); the checkpoint is corrupt or was saved after a diverged run",
+                data[i]
+            );
+        }
+        Ok(data)
+    })
 }
 
 /// Assemble a model from HF-layout tensors returned by `get(name)`.

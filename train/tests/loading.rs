@@ -91,6 +91,21 @@ fn bad_checkpoints_name_what_is_wrong() {
     let e = err(misshaped.path());
     assert!(e.contains("mis-shaped (1): model.layers.0.self_attn.k_proj.weight: expected [16, 32], found [32, 16]"), "{e}");
 
+    // A non-finite weight is refused at load, naming the tensor (it scored with null confidence).
+    let nan = tied_with(|t| {
+        let w = t
+            .iter_mut()
+            .find(|x| x.name == "model.layers.1.self_attn.o_proj.weight")
+            .unwrap();
+        w.data[3] = f32::NAN;
+        w.data[5] = f32::INFINITY;
+    });
+    let e = err(nan.path());
+    assert!(
+        e.contains("\"model.layers.1.self_attn.o_proj.weight\" holds 2 non-finite value(s)"),
+        "{e}"
+    );
+
     // A pickle checkpoint is refused with why and how.
     let pickle = tempfile::tempdir().unwrap();
     for f in ["config.json", "tokenizer.json"] {
