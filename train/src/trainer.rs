@@ -628,6 +628,31 @@ fn lm_term(
     crate::loss::next_token_loss(logits, next, mask)
 }
 
+/// Drop the lines of `metrics.jsonl` past `step`: what a run killed after its last checkpoint
+/// logged, and will log again from that checkpoint on (a resume must not repeat steps). A line
+/// that does not parse (a torn last line) goes too.
+fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept != text {
+        decision_data::atomic::write_atomic(path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
 fn append_metrics(path: &Path, value: &serde_json::Value) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -758,6 +783,8 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
     let metrics_path = run_dir.join("metrics.jsonl");
     if resume_from.is_none() {
         decision_data::atomic::write_atomic(&metrics_path, b"")?;
+    } else {
+        truncate_metrics(&metrics_path, state.step)?;
     }
     let device = plain.clone().autodiff();
     let _ = &device;

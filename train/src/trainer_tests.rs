@@ -464,6 +464,11 @@ fn resume_continues_exactly() {
     .unwrap();
     assert!(b1.interrupted && b1.steps == 3);
     assert!(!split.join("final").exists());
+    // what a kill after step 5 (checkpoint at 3) leaves in metrics.jsonl, torn line included
+    let metrics = split.join("metrics.jsonl");
+    let mut logged = std::fs::read_to_string(&metrics).unwrap();
+    logged.push_str("{\"kind\":\"train\",\"step\":4,\"loss\":9.0}\n{\"kind\":\"train\",\"step\":5,\"loss\":9.0}\n{\"kind\":\"tr");
+    std::fs::write(&metrics, logged).unwrap();
     // without --resume an existing run is refused
     assert!(train(&cfg, &split, &TrainOptions::default()).is_err());
     let b2 = train(
@@ -476,6 +481,15 @@ fn resume_continues_exactly() {
     )
     .unwrap();
     assert_eq!(b2.steps, 6);
+    // the resume logged steps 4..6 once each: the killed run's 4 and 5 were dropped
+    let steps: Vec<u64> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 5, 6]);
     let la =
         crate::checkpoint::read_state(&crate::checkpoint::latest(&straight).unwrap().unwrap().1)
             .unwrap();
