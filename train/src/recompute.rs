@@ -317,8 +317,8 @@ mod tests {
         c.out
     }
 
-    /// Recomputed gradients against the ordinary taped pass: same parameters, each within 1e-5
-    /// of its tensor's largest gradient.
+    /// Recomputed gradients against the ordinary taped pass: the same parameters, each tensor
+    /// within 1e-5 relative in L2 norm and every element within 1e-4 of the tensor's largest.
     fn assert_same_gradients(model: &Qwen3, chunk: usize) -> usize {
         let b = batch();
         let loss = head(model)(model.decode(&b));
@@ -336,12 +336,20 @@ mod tests {
         for ((name, w), (_, g)) in want.iter().zip(&got) {
             let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             assert!(scale > 0.0, "{name}: a zero gradient proves nothing");
+            // 1e-5 relative in L2 norm over the tensor, and no element off by more than 1e-4 of
+            // the tensor's largest: summation order differs (blocks, grouped heads), so single
+            // small elements can differ by a few ulps of the large ones.
+            let norm = |v: &mut dyn Iterator<Item = f32>| {
+                v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt()
+            };
+            let rel = norm(&mut w.iter().zip(g).map(|(x, y)| x - y)) / norm(&mut w.iter().copied());
             let diff = w
                 .iter()
                 .zip(g)
                 .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(rel <= 1e-5, "{name}: relative L2 difference {rel:e}");
             assert!(
-                diff <= 1e-5 * scale,
+                diff <= 1e-4 * scale,
                 "{name}: |Δ| {diff} against max |g| {scale}"
             );
         }
