@@ -29,6 +29,7 @@ pub mod plots;
 pub mod receipts;
 pub mod recompute;
 pub mod run_config;
+pub mod run_lock;
 pub mod trainer;
 #[cfg(test)]
 mod trainer_tests;

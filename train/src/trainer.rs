@@ -719,6 +719,7 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
         crate::plan::plan(cfg, &arch).check(cfg, &arch, &dev)?;
     }
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let _lock = crate::run_lock::RunLock::acquire(run_dir)?;
     decision_data::atomic::write_atomic(run_dir.join("run.toml"), cfg.to_toml().as_bytes())?;
 
     let (train_states, valid_states) = load_run_states(cfg, run_dir)?;

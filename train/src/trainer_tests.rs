@@ -894,3 +894,29 @@ fn an_oversized_plan_is_refused_with_settings_that_fit() {
     // recompute's activations are a small share of the taped ones at this size
     assert!(p.activations_recompute * 10 < p.activations_taped);
 }
+
+/// A run folder another live process trains into is refused, before anything is written; a lock
+/// left by a process that is gone is replaced; the lock goes when the run ends.
+#[test]
+fn a_run_folder_takes_one_run_at_a_time() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 8);
+    let cfg = tiny_run_config(&data, "");
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let lock = run.join(crate::run_lock::FILE);
+    // held by a live process: this one
+    std::fs::write(&lock, std::process::id().to_string()).unwrap();
+    let err = format!(
+        "{:#}",
+        train(&cfg, &run, &TrainOptions::default()).unwrap_err()
+    );
+    assert!(err.contains("in use by another `decision train`"), "{err}");
+    assert!(!run.join("run.toml").exists(), "nothing written");
+    // left by a process that is gone (above Linux's largest pid)
+    std::fs::write(&lock, "4194305").unwrap();
+    train(&cfg, &run, &TrainOptions::default()).unwrap();
+    assert!(run.join("final").is_dir());
+    assert!(!lock.exists(), "released at the end");
+}
