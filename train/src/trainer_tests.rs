@@ -34,7 +34,7 @@ fn tiny_config(vocab: usize) -> Qwen3Config {
 /// sequence (seen as a resume test whose two runs differed from step 1 under load).
 static DEVICE_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn device_rng() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn device_rng() -> std::sync::MutexGuard<'static, ()> {
     DEVICE_RNG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
