@@ -81,11 +81,7 @@ impl RmsNorm {
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();
-        let x32 = if dtype == DType::F32 {
-            x
-        } else {
-            x.cast(FloatDType::F32)
-        };
+        let x32 = in_f32(x);
         let rms = (x32.clone().square().mean_dim(D - 1) + self.eps).sqrt();
         let normed = x32 / rms;
         let normed = if dtype == DType::F32 {
@@ -94,6 +90,16 @@ impl RmsNorm {
             normed.cast(dtype)
         };
         normed * self.weight.val().unsqueeze()
+    }
+}
+
+/// `t` in f32: itself when it already is, else a cast. Norms, softmax and the loss compute in
+/// f32 whatever the weights' dtype.
+pub(crate) fn in_f32<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(FloatDType::F32)
     }
 }
 

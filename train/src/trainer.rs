@@ -567,7 +567,7 @@ fn shard_pass(
             let last = decoded.narrow(1, s - 1, 1).reshape([b, h]);
             (model.model.norm.forward(last), None)
         };
-        let logits = f32_of(model.token_logits(last, &mb.label_ids));
+        let logits = crate::model::in_f32(model.token_logits(last, &mb.label_ids));
         let (absent, q, onehot) = mb.targets.tensors(&logits.device());
         let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
         let loss = match lm {
@@ -595,16 +595,6 @@ fn shard_pass(
     })
 }
 
-/// `t` in f32 (the loss and its terms compute in f32 whatever the base's dtype).
-fn f32_of<const D: usize>(t: burn::tensor::Tensor<D>) -> burn::tensor::Tensor<D> {
-    use burn::tensor::{DType, FloatDType};
-    if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(FloatDType::F32)
-    }
-}
-
 /// `[loss] lm_weight`'s term: next-token cross-entropy of every real prompt token.
 fn lm_term(
     model: &crate::model::Qwen3,
@@ -614,7 +604,7 @@ fn lm_term(
     use burn::tensor::{Int, Tensor, TensorData};
     let [b, s, _] = hidden.dims();
     let device = hidden.device();
-    let logits = f32_of(model.logits(hidden.narrow(1, 0, s - 1)));
+    let logits = crate::model::in_f32(model.logits(hidden.narrow(1, 0, s - 1)));
     let mut next = Vec::with_capacity(b * (s - 1));
     let mut mask = Vec::with_capacity(b * (s - 1));
     for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {
