@@ -1,6 +1,7 @@
 """LoRA training at a real size, side by side: `decision train` (Burn, CPU, bf16 base, layer
-recomputation) against PyTorch + transformers + peft (CPU, bf16, gradient checkpointing, SDPA
-attention), on the same random Qwen3 checkpoint and the same token ids, one run.
+recomputation) against PyTorch + transformers + peft (CPU, gradient checkpointing, SDPA attention,
+bf16 where this CPU computes it), on the same random Qwen3 checkpoint and the same token ids, one
+run.
 
 Run by `make bench-scale` (or by hand, after `cargo build -p decision --example random_qwen3`):
     python scripts/bench_scale.py --decision target/debug/decision \
@@ -14,6 +15,12 @@ alpha 32, no dropout, on all seven projections. Two workloads: micro-batches of 
 optimizer steps; tokens/s is the median over the steps after the first; peak memory is the
 process's max RSS (the whole run: loading, training and, for ours, the final evaluation and
 save). `decision train --plan` is printed beside our peak. Writes OUT/bench-scale.json.
+
+The peer's dtype: `--torch-dtype bf16` as asked, `f32`, or `auto` (the default): time a
+1024 x 1024 x 1024 matmul in both and use bf16 unless it is over 4x slower than f32. CPUs without
+native bf16 (AVX2 only, as this project's 2-core machine: 0.4-0.7 GFLOPS in bf16 against 21-55 in
+f32) would take over an hour per step in bf16, so there the peer runs f32 (its base then takes
+twice the memory of ours, which the RSS ratio shows), and the table says which it ran.
 Requirements: scripts/requirements-train.txt.
 """
 import argparse
@@ -115,7 +122,8 @@ def torch_worker(args):
     model_dir = pathlib.Path(args.model)
     states = [json.loads(l) for l in open(args.states)]
     data = encode_states(model_dir, states)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.torch_dtype]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
     model.gradient_checkpointing_enable()
     model.enable_input_require_grads()
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
@@ -160,6 +168,21 @@ def torch_worker(args):
     json.dump({"tokens_per_s": statistics.median(tps[1:]), "threads": torch.get_num_threads()}, open(args.result, "w"))
 
 
+def torch_matmul_gflops():
+    """GFLOPS of one 1024^3 matmul in bf16 and in f32 on this CPU (best of three)."""
+    import torch
+    rates = {}
+    for name, dt in (("bf16", torch.bfloat16), ("f32", torch.float32)):
+        a, b = torch.randn(1024, 1024, dtype=dt), torch.randn(1024, 1024, dtype=dt)
+        best = float("inf")
+        for _ in range(3):
+            t = time.time()
+            a @ b
+            best = min(best, time.time() - t)
+        rates[name] = 2 * 1024 ** 3 / best / 1e9
+    return rates
+
+
 def plan_total_gib(decision, config):
     _, _, out = run_measured([decision, "train", "--config", str(config), "--plan"])
     line = next(l for l in out.splitlines() if l.strip().startswith("total"))
@@ -179,9 +202,15 @@ def main():
     ap.add_argument("--states")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--result")
+    ap.add_argument("--torch-dtype", choices=["auto", "bf16", "f32"], default="auto")
     args = ap.parse_args()
     if args.torch_worker:
         return torch_worker(args)
+    gflops = torch_matmul_gflops()
+    if args.torch_dtype == "auto":
+        args.torch_dtype = "bf16" if gflops["bf16"] * 4 >= gflops["f32"] else "f32"
+    print(f"torch matmul 1024^3: bf16 {gflops['bf16']:.1f} GFLOPS, f32 {gflops['f32']:.1f} GFLOPS; "
+          f"the peer runs {args.torch_dtype}", file=sys.stderr)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -210,14 +239,16 @@ def main():
         res = out / f"torch-{w}.json"
         secs, rss, _ = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(model),
                                      "--states", str(model / "train.jsonl"), "--steps", str(args.steps),
-                                     "--batch", str(batch), "--result", str(res)])
+                                     "--batch", str(batch), "--result", str(res),
+                                     "--torch-dtype", args.torch_dtype])
         t = json.load(open(res))
         r.update(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_wall_s=secs,
-                 torch_threads=t["threads"])
+                 torch_threads=t["threads"], torch_dtype=args.torch_dtype, torch_matmul_gflops=gflops)
         r["tokens_per_s_ratio"] = r["ours_tokens_per_s"] / r["torch_tokens_per_s"]
         r["peak_rss_ratio"] = r["ours_peak_rss_mib"] / r["torch_peak_rss_mib"]
         results[w] = r
         json.dump(results, open(out / "bench-scale.json", "w"), indent=1)
+    print(f"peer: PyTorch {args.torch_dtype} base (matmul bf16 {gflops['bf16']:.1f} / f32 {gflops['f32']:.1f} GFLOPS)")
     print(f"{'micro-batch':<12} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours MiB':>9} "
           f"{'torch MiB':>10} {'ratio':>6} {'plan MiB':>9}")
     for w, r in results.items():
