@@ -9,6 +9,7 @@ pub mod atomic;
 pub mod cli;
 /// Synthetic decision states (`decision gen states`); `gen` is a reserved word in edition 2024.
 pub mod r#gen;
+pub mod outputs;
 pub mod paths;
 pub mod progress;
 pub mod quarantine;
