@@ -57,9 +57,10 @@ pub fn run_score(args: ScoreArgs) -> Result<ExitCode> {
         hub: None,
     };
     // Opened now, so that an --out that cannot be written fails before the scoring; nothing
-    // appears there (and the temporary file goes) unless every state is scored.
-    let mut out = decision_data::atomic::AtomicFile::create(&args.out)
-        .with_context(|| format!("--out {}", args.out.display()))?;
+    // appears there (and the temporary file, and any folder made for it, go) unless every state
+    // is scored.
+    let mut staged = decision_data::outputs::Staged::new();
+    let out_file = staged.file("--out", &args.out)?;
     let model = DecisionModel::load_as(&format!("--model {}", args.model), &args.model, &opts)?;
     eprintln!(
         "model {} ({} parameters, {} layers) on {} in {:?}",
@@ -106,10 +107,12 @@ pub fn run_score(args: ScoreArgs) -> Result<ExitCode> {
             line["temperature"] = json!(sc.temperature);
             line["truncated"] = json!(enc.truncated);
         }
-        serde_json::to_writer(&mut out, &line)?;
+        let out = staged.get(out_file);
+        serde_json::to_writer(&mut *out, &line)?;
         out.write_all(b"\n")?;
     }
-    out.commit()
+    staged
+        .publish()
         .with_context(|| format!("writing {}", args.out.display()))?;
 
     let truncated = encoded.iter().filter(|e| e.truncated).count();

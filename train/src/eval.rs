@@ -388,6 +388,17 @@ pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
         io.output_file("--report", r);
     }
     io.check()?;
+    // Every output is opened now, so one that cannot be written stops eval before the model is
+    // loaded; nothing lands unless the whole evaluation succeeds.
+    let mut staged = decision_data::outputs::Staged::new();
+    let receipts_file = match &args.receipts {
+        Some(r) => Some(staged.file("--receipts", r)?),
+        None => None,
+    };
+    let report_file = match &args.report {
+        Some(r) => Some(staged.file("--report", r)?),
+        None => None,
+    };
     let loaded = load_model_or_run(flag, &src, args.backend)?;
     let (states, data_name) = match (&args.data, &loaded.run) {
         (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
@@ -449,7 +460,8 @@ pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
             baseline: None,
         }));
     }
-    if let Some(path) = &args.receipts {
+    let mut wrote = None;
+    if let (Some(path), Some(slot)) = (&args.receipts, receipts_file) {
         let at = crate::receipts::now_rfc3339();
         let receipts: Vec<_> = states
             .iter()
@@ -463,15 +475,17 @@ pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
                 )
             })
             .collect();
-        crate::receipts::write_receipts(path, &receipts)?;
-        println!(
-            "wrote {} shadow receipts to {}",
-            receipts.len(),
-            path.display()
-        );
+        crate::receipts::write_receipts_to(staged.get(slot), &receipts)?;
+        wrote = Some((receipts.len(), path));
     }
-    if let Some(path) = &args.report {
-        decision_data::atomic::write_json_atomic(path, &out)?;
+    if let Some(slot) = report_file {
+        let mut json = serde_json::to_vec_pretty(&out)?;
+        json.push(b'\n');
+        std::io::Write::write_all(staged.get(slot), &json)?;
+    }
+    staged.publish()?;
+    if let Some((n, path)) = wrote {
+        println!("wrote {n} shadow receipts to {}", path.display());
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

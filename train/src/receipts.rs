@@ -35,11 +35,17 @@ pub fn shadow_receipt(state: &State, probs: &[f64], model: &str, at: &str) -> Re
 /// Write receipts as JSON Lines (the harness's camelCase shape), atomically.
 pub fn write_receipts(path: &Path, receipts: &[Receipt]) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
-    for r in receipts {
-        serde_json::to_writer(&mut f, r)?;
-        f.write_all(b"\n")?;
-    }
+    write_receipts_to(&mut f, receipts)?;
     f.commit()
+}
+
+/// Write receipts as JSON Lines into `w` (an output opened before the evaluation).
+pub fn write_receipts_to(w: &mut impl Write, receipts: &[Receipt]) -> Result<()> {
+    for r in receipts {
+        serde_json::to_writer(&mut *w, r)?;
+        w.write_all(b"\n")?;
+    }
+    Ok(())
 }
 
 /// Current time in RFC 3339 (UTC, seconds).
