@@ -279,6 +279,9 @@ impl Scorer for BurnScorer<'_> {
             .collect();
         let refs: Vec<&Encoded> = rows.iter().collect();
         let raw = decision_train::score::label_logits(&self.model.model, &refs, self.model.pad_id);
+        // A reference that overflowed would make NaN probes and a parity gate that compares NaNs.
+        decision_train::score::check_finite(&raw, &|r| format!("sample row {r} of a batch"))
+            .with_context(|| format!("{} (the reference forward pass)", self.label))?;
         let (mut logits, mut probs) = (Vec::new(), Vec::new());
         for r in raw {
             let (p, l) = decision_train::score::softmax_t(&r, self.temperature);

@@ -91,6 +91,17 @@ pub fn run_score(args: ScoreArgs) -> Result<ExitCode> {
     });
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
+    // Nothing reaches --out from a model whose logits overflowed (a NaN pick has no confidence).
+    let logits: Vec<Vec<f64>> = scores.iter().map(|s| s.logits.clone()).collect();
+    crate::score::check_finite(&logits, &|i| {
+        format!(
+            "state {:?} (state {} of {} read from --data)",
+            states[i].id,
+            i + 1,
+            states.len()
+        )
+    })
+    .with_context(|| format!("--model {}", args.model))?;
 
     for ((state, enc), sc) in states.iter().zip(&encoded).zip(&scores) {
         let mut line = json!({

@@ -140,17 +140,23 @@ impl DecisionModel {
         self.spec.temperature_for(point)
     }
 
-    /// Score states in batches of `batch_size`; results in input order.
+    /// Score states in batches of `batch_size`; results in input order. Refused (naming the
+    /// state) when the model's logits for a state are not finite.
     pub fn score(&self, states: &[State], batch_size: usize) -> Result<Vec<Scores>> {
         let encoded = states
             .iter()
             .map(|s| self.encode(s))
             .collect::<Result<Vec<_>>>()?;
         let points: Vec<&str> = states.iter().map(|s| s.point.as_str()).collect();
-        Ok(self.score_encoded(&encoded, &points, batch_size, &mut |_| {}))
+        let scores = self.score_encoded(&encoded, &points, batch_size, &mut |_| {});
+        let logits: Vec<Vec<f64>> = scores.iter().map(|s| s.logits.clone()).collect();
+        score::check_finite(&logits, &|i| format!("state {:?}", states[i].id))
+            .with_context(|| self.origin.clone())?;
+        Ok(scores)
     }
 
-    /// Score encoded states; `progress` is told how many states each finished batch held.
+    /// Score encoded states; `progress` is told how many states each finished batch held. The
+    /// logits are as the model gave them: check them with [`score::check_finite`] before use.
     pub fn score_encoded(
         &self,
         encoded: &[Encoded],

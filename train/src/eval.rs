@@ -124,7 +124,8 @@ pub fn load_model_or_run(flag: &str, src: &str, backend: Backend) -> Result<Load
     })
 }
 
-/// Raw option logits of every state (temperature 1), in input order.
+/// Raw option logits of every state (temperature 1), in input order; refused, naming the
+/// state, when a state's logits are not finite (they would make receipts `fit` rejects).
 pub fn score_states(
     dm: &DecisionModel,
     states: &[State],
@@ -136,6 +137,8 @@ pub fn score_states(
         .collect::<Result<Vec<_>>>()?;
     let logits =
         crate::score::logits_in_batches(&dm.model, &encoded, dm.pad_id, batch_size, &mut |_| {});
+    crate::score::check_finite(&logits, &|i| format!("state {:?}", states[i].id))
+        .with_context(|| dm.origin.clone())?;
     Ok(states
         .iter()
         .zip(logits)

@@ -1,6 +1,7 @@
 //! Option scoring: left-padded batches, the label-token logits at the answer slot, divided by
 //! the state's temperature, softmax over the state's own candidates.
 
+use anyhow::{Result, bail};
 use burn::tensor::DType;
 
 use crate::model::{Batch, Qwen3};
@@ -72,6 +73,32 @@ pub fn scores_from_logits(raw: &[f64], t: f64) -> Scores {
     }
 }
 
+/// Refuse label logits that are not all finite. A model whose weights are finite can still
+/// overflow on the way (activations past f16's 65504, or past f32's range): its NaN or infinite
+/// logits have a NaN softmax, which JSON writes as `confidence: null` beside a pick, and shadow
+/// receipts that `decision fit` rejects. `name(i)` says which state row `i` is (its id and where
+/// it was read), for the message; the error also counts the rows affected.
+pub fn check_finite(logits: &[Vec<f64>], name: &dyn Fn(usize) -> String) -> Result<()> {
+    let mut bad = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.iter().any(|x| !x.is_finite()))
+        .map(|(i, _)| i);
+    let Some(first) = bad.next() else {
+        return Ok(());
+    };
+    let count = 1 + bad.count();
+    bail!(
+        "the model produced non-finite logits (NaN or infinity) for {}: {:?}; {count} of {} \
+         states are affected. Its weights are finite (checked at load), so its activations \
+         overflow: weights too large for the compute dtype (f16 ends at 65504) or a diverged \
+         training run. Refusing to write picks without a confidence",
+        name(first),
+        logits[first],
+        logits.len()
+    )
+}
+
 /// Order in which to batch states: by prompt length, so a batch wastes little on padding.
 /// Results do not depend on it (each row is independent of the rest of its batch).
 pub fn length_order(encoded: &[Encoded]) -> Vec<usize> {
@@ -140,5 +167,20 @@ mod tests {
         // Huge logits do not overflow.
         let (p, _) = softmax_t(&[1000.0, 999.0], 1.0);
         assert!(p.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn non_finite_logits_are_refused_naming_the_first_state() {
+        let name = |i: usize| format!("state \"s{i}\"");
+        check_finite(&[vec![1.0, -3.0], vec![1e300, -1e300]], &name).unwrap();
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let rows = vec![vec![0.0, 1.0], vec![2.0, bad], vec![bad, bad]];
+            let e = format!("{:#}", check_finite(&rows, &name).unwrap_err());
+            assert!(e.contains("non-finite logits"), "{e}");
+            assert!(
+                e.contains("state \"s1\"") && e.contains("2 of 3 states"),
+                "{e}"
+            );
+        }
     }
 }

@@ -1,13 +1,15 @@
-//! What `decision score` and `decision eval` refuse at run time (issue 19): an output location
-//! that cannot be written (refused before the model is loaded; nothing written, no folder left
-//! behind).
+//! What `decision score` and `decision eval` refuse at run time (issue 19): a model whose finite
+//! weights overflow into NaN / infinite logits (no pick without a confidence, no receipt `fit`
+//! rejects), and an output location that cannot be written (refused before the model is
+//! loaded; nothing written, no folder left behind).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use decision_train::cli::{ScoreArgs, run_score};
 use decision_train::eval::{EvalArgs, run as run_eval};
 use decision_train::weights::{self, HfTensor, SaveDtype};
-use decision_train::{Backend, DecisionModel, LoadOptions};
+use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -59,6 +61,18 @@ fn listing(dir: &Path) -> Vec<String> {
     names
 }
 
+fn score_args(model: &Path, data: &Path, out: PathBuf) -> ScoreArgs {
+    ScoreArgs {
+        model: model.to_str().unwrap().to_string(),
+        data: vec![data.to_path_buf()],
+        out,
+        batch_size: 4,
+        backend: Backend::Cpu,
+        dtype: Precision::F32,
+        emit_tokens: false,
+    }
+}
+
 fn eval_args(model: &Path, data: &Path, receipts: PathBuf, report: PathBuf) -> EvalArgs {
     EvalArgs {
         run: None,
@@ -80,6 +94,77 @@ fn states(dir: &Path) -> PathBuf {
     let p = dir.join("states.jsonl");
     fs::copy(fixture("data/states_good.jsonl"), &p).unwrap();
     p
+}
+
+#[test]
+fn finite_weights_that_overflow_are_refused_by_score_and_eval_naming_the_state() {
+    let d = tempfile::tempdir().unwrap();
+    let data = states(d.path());
+    // Every weight finite (load accepts it), but the final norm's scale at f32's largest value
+    // overflows the hidden state, so the label logits are infinite or NaN.
+    let model = d.path().join("overflowing");
+    model_with(&model, |t| {
+        let norm = t
+            .iter_mut()
+            .find(|x| x.name == "model.norm.weight")
+            .unwrap();
+        norm.data.iter_mut().for_each(|w| *w = f32::MAX);
+    });
+    let before = listing(d.path());
+
+    let e = format!(
+        "{:#}",
+        run_score(score_args(
+            &model,
+            &data,
+            d.path().join("new/deep/scores.jsonl")
+        ))
+        .unwrap_err()
+    );
+    assert!(e.contains("non-finite logits"), "{e}");
+    assert!(
+        e.contains("state \"demo-0\" (state 1 of 12 read from --data)"),
+        "{e}"
+    );
+    assert!(e.contains("--model"), "{e}");
+    assert_eq!(
+        listing(d.path()),
+        before,
+        "no scores, no folder made for them"
+    );
+
+    let e = format!(
+        "{:#}",
+        run_eval(&eval_args(
+            &model,
+            &data,
+            d.path().join("receipts.jsonl"),
+            d.path().join("report.json")
+        ))
+        .unwrap_err()
+    );
+    assert!(
+        e.contains("non-finite logits") && e.contains("state \"demo-0\""),
+        "{e}"
+    );
+    assert_eq!(listing(d.path()), before, "no receipts, no report");
+
+    // The library call refuses too.
+    let m = DecisionModel::load(model.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let s = decision_data::read_states(&[data.clone()], Default::default()).unwrap();
+    assert!(m.score(&s, 4).is_err());
+
+    // The same states through the unedited model: scored, every confidence a number.
+    let fine = d.path().join("fine");
+    model_with(&fine, |_| {});
+    let out = d.path().join("scores.jsonl");
+    run_score(score_args(&fine, &data, out.clone())).unwrap();
+    let text = fs::read_to_string(&out).unwrap();
+    assert_eq!(text.lines().count(), 12);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["confidence"].is_f64(), "{line}");
+    }
 }
 
 #[test]
