@@ -520,3 +520,44 @@ permutations = 0
     let v = verify(&out);
     assert!(v.ok(), "{:?}", v.problems);
 }
+
+#[test]
+fn a_reference_whose_finite_weights_overflow_is_refused_by_name() {
+    // Every weight finite (load accepts it), but the final norm's scale at f32's largest value
+    // overflows the hidden state: the reference's logits are infinite or NaN.
+    let root = tempfile::tempdir().unwrap();
+    let model = root.path().join("overflowing");
+    std::fs::create_dir(&model).unwrap();
+    let src = fixtures().join("tiny");
+    let m =
+        decision_train::DecisionModel::load(src.to_str().unwrap(), &Default::default()).unwrap();
+    let mut tensors: Vec<decision_train::HfTensor> = m.hf_tensors().collect();
+    let norm = tensors
+        .iter_mut()
+        .find(|t| t.name == "model.norm.weight")
+        .unwrap();
+    norm.data.iter_mut().for_each(|w| *w = f32::MAX);
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), model.join(f)).unwrap();
+    }
+    let shapes: Vec<(String, Vec<usize>)> = tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.clone()))
+        .collect();
+    decision_train::weights::write_safetensors(
+        &model.join("model.safetensors"),
+        &shapes,
+        tensors.into_iter(),
+        decision_train::SaveDtype::F32,
+    )
+    .unwrap();
+    let out = root.path().join("bundle");
+    let mut a = args(&out);
+    a.model = Some(model.display().to_string());
+    let err = format!("{:#}", export(&a).unwrap_err());
+    assert!(
+        err.contains("non-finite logits") && err.contains("the reference forward pass"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
