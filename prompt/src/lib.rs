@@ -14,4 +14,4 @@ pub mod spec;
 pub mod tokenizer;
 
 pub use prompt::{Encoded, Prompter};
-pub use spec::{DecisionSpec, PromptTemplate};
+pub use spec::{DecisionSpec, PromptTemplate, TemperatureClamp};

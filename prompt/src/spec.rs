@@ -82,6 +82,16 @@ pub struct DecisionSpec {
     pub temperature: f64,
     #[serde(default)]
     pub temperatures: BTreeMap<String, f64>,
+    /// Set when `temperature` is not a fitted minimum but the bound of the fit's range it ran
+    /// into (`floor` 0.05, `ceiling` 20): at the floor the validation NLL was still falling, as
+    /// it does when every state is right by a wide margin, so the model is at least this sure
+    /// and how much surer is unknown. Absent (older files too) means fitted or not fitted at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_clamped: Option<TemperatureClamp>,
+    /// The points of `temperatures` whose fit sits at a bound, as for `temperature_clamped`;
+    /// a point absent here (older files: every point) has a fitted temperature.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub temperatures_clamped: BTreeMap<String, TemperatureClamp>,
     /// The decision points the model was trained on (informational; any point can be scored).
     #[serde(default)]
     pub points: Vec<String>,
@@ -90,6 +100,25 @@ pub struct DecisionSpec {
     /// `decision.json`) means [`keel_point_rules`]; `decision export` writes the rules out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub point_rules: Vec<PointRule>,
+}
+
+/// Which bound of its range a fitted temperature sits at ([`DecisionSpec::temperature_clamped`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TemperatureClamp {
+    /// The lower bound (0.05): the NLL still falls as `T` goes to 0.
+    Floor,
+    /// The upper bound (20): the NLL still falls as `T` grows (the logits carry no signal).
+    Ceiling,
+}
+
+impl std::fmt::Display for TemperatureClamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TemperatureClamp::Floor => "floor",
+            TemperatureClamp::Ceiling => "ceiling",
+        })
+    }
 }
 
 /// One rule of [`DecisionSpec::point_rules`]: `point` applies when the request offers exactly the
@@ -156,6 +185,8 @@ impl DecisionSpec {
             max_tokens: 1024,
             temperature: 1.0,
             temperatures: BTreeMap::new(),
+            temperature_clamped: None,
+            temperatures_clamped: BTreeMap::new(),
             points: Vec::new(),
             point_rules: Vec::new(),
         }
@@ -221,6 +252,13 @@ impl DecisionSpec {
                 bail!("temperature for {point} is {t}; it must be a positive number");
             }
         }
+        if let Some(p) = self
+            .temperatures_clamped
+            .keys()
+            .find(|p| !self.temperatures.contains_key(*p))
+        {
+            bail!("temperatures_clamped names point {p:?}, which has no entry in temperatures");
+        }
         for (i, r) in self.point_rules.iter().enumerate() {
             if !valid_point(&r.point) {
                 bail!(
@@ -280,6 +318,40 @@ impl DecisionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clamped_temperatures_are_recorded_and_older_files_still_read() {
+        let mut spec = DecisionSpec::defaults(PromptTemplate::plain());
+        spec.temperatures.insert("stop".into(), 0.05);
+        spec.temperatures.insert("tool".into(), 1.3);
+        let plain = serde_json::to_value(&spec).unwrap();
+        // nothing clamped: the file is as it was before the fields existed
+        assert!(plain.get("temperature_clamped").is_none());
+        assert!(plain.get("temperatures_clamped").is_none());
+        let back =
+            DecisionSpec::from_slice(plain.to_string().as_bytes(), Path::new("d.json")).unwrap();
+        assert_eq!(back, spec);
+
+        spec.temperatures_clamped
+            .insert("stop".into(), TemperatureClamp::Floor);
+        spec.temperature_clamped = Some(TemperatureClamp::Ceiling);
+        let v = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            v["temperatures_clamped"],
+            serde_json::json!({"stop": "floor"})
+        );
+        assert_eq!(v["temperature_clamped"], "ceiling");
+        let back = DecisionSpec::from_slice(v.to_string().as_bytes(), Path::new("d.json")).unwrap();
+        assert_eq!(back, spec);
+
+        // a clamp on a point without its own temperature is an error in the file
+        spec.temperatures_clamped
+            .insert("route".into(), TemperatureClamp::Floor);
+        let v = serde_json::to_value(&spec).unwrap();
+        let e =
+            DecisionSpec::from_slice(v.to_string().as_bytes(), Path::new("d.json")).unwrap_err();
+        assert!(format!("{e:#}").contains("\"route\""), "{e:#}");
+    }
 
     #[test]
     fn point_rules_name_keel_sites_and_are_checked() {

@@ -6,12 +6,16 @@
 //! `dNLL/dβ = mean_s( E_p[z] − z_answer )`. `T` is kept within [`T_MIN`, `T_MAX`]: when every
 //! state is already right with a margin the NLL keeps falling as `T → 0`, and the bound stops it.
 //! A point with fewer than `min_states` validation states gets the global temperature.
+//!
+//! A fit that ends on a bound is not a minimum: [`Temperatures`] says which ones did, the run
+//! warns, and `decision.json` records them (`temperature_clamped`, `temperatures_clamped`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{ECE_BINS, ScoredState, metrics};
+use crate::spec::{DecisionSpec, TemperatureClamp};
 
 pub const T_MIN: f64 = 0.05;
 pub const T_MAX: f64 = 20.0;
@@ -26,6 +30,12 @@ pub struct Temperatures {
     pub global: f32,
     /// Per decision point; a point missing here uses `global`.
     pub points: BTreeMap<String, f32>,
+    /// Set when `global` sits at a bound of [`T_MIN`, `T_MAX`] rather than at a minimum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_clamped: Option<TemperatureClamp>,
+    /// The points of `points` whose temperature sits at a bound.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub clamped: BTreeMap<String, TemperatureClamp>,
 }
 
 impl Default for Temperatures {
@@ -33,6 +43,8 @@ impl Default for Temperatures {
         Self {
             global: 1.0,
             points: BTreeMap::new(),
+            global_clamped: None,
+            clamped: BTreeMap::new(),
         }
     }
 }
@@ -40,6 +52,52 @@ impl Default for Temperatures {
 impl Temperatures {
     pub fn for_point(&self, point: &str) -> f32 {
         self.points.get(point).copied().unwrap_or(self.global)
+    }
+
+    /// Store the temperatures in `spec` (`decision.json`), clamps included.
+    pub fn record_in(&self, spec: &mut DecisionSpec) {
+        spec.temperature = self.global as f64;
+        spec.temperatures = self
+            .points
+            .iter()
+            .map(|(k, v)| (k.clone(), *v as f64))
+            .collect();
+        spec.temperature_clamped = self.global_clamped;
+        spec.temperatures_clamped = self.clamped.clone();
+    }
+
+    /// One warning per temperature that sits at a bound, naming its decision point.
+    pub fn warnings(&self) -> Vec<String> {
+        let what = |c: TemperatureClamp| match c {
+            TemperatureClamp::Floor => format!(
+                "its floor T = {T_MIN}: the validation NLL was still falling (every state right by \
+                 a wide margin), so the probabilities are at least this sharp and no sharper is \
+                 known; more varied validation states would calibrate it"
+            ),
+            TemperatureClamp::Ceiling => format!(
+                "its ceiling T = {T_MAX}: the validation NLL was still falling, so the logits carry \
+                 almost no signal there"
+            ),
+        };
+        let mut out: Vec<String> = self
+            .clamped
+            .iter()
+            .map(|(p, &c)| {
+                format!(
+                    "the temperature of decision point {p:?} sits at {}; decision.json records it \
+                     in temperatures_clamped",
+                    what(c)
+                )
+            })
+            .collect();
+        if let Some(c) = self.global_clamped {
+            out.push(format!(
+                "the global temperature (for points without their own) sits at {}; decision.json \
+                 records it as temperature_clamped",
+                what(c)
+            ));
+        }
+        out
     }
 }
 
@@ -62,15 +120,20 @@ fn nll_and_grad(states: &[&ScoredState], beta: f64) -> (f64, f64) {
 
 /// The NLL-minimising temperature of `states`, within [`T_MIN`, `T_MAX`]; 1.0 when empty.
 pub fn fit_temperature(states: &[&ScoredState]) -> f32 {
+    fit_bounded(states).0
+}
+
+/// As [`fit_temperature`], with the bound the fit ran into when the minimum lies beyond it.
+pub fn fit_bounded(states: &[&ScoredState]) -> (f32, Option<TemperatureClamp>) {
     if states.is_empty() {
-        return 1.0;
+        return (1.0, None);
     }
     let (mut lo, mut hi) = (1.0 / T_MAX, 1.0 / T_MIN);
     if nll_and_grad(states, lo).1 >= 0.0 {
-        return T_MAX as f32;
+        return (T_MAX as f32, Some(TemperatureClamp::Ceiling));
     }
     if nll_and_grad(states, hi).1 <= 0.0 {
-        return T_MIN as f32;
+        return (T_MIN as f32, Some(TemperatureClamp::Floor));
     }
     for _ in 0..100 {
         let mid = (lo * hi).sqrt();
@@ -83,23 +146,31 @@ pub fn fit_temperature(states: &[&ScoredState]) -> f32 {
             break;
         }
     }
-    (1.0 / (lo * hi).sqrt()) as f32
+    ((1.0 / (lo * hi).sqrt()) as f32, None)
 }
 
-/// Fit the global temperature and one per point that has at least `min_states` states.
+/// Fit the global temperature and one per point that has at least `min_states` states, noting
+/// each that sits at a bound.
 pub fn fit(states: &[ScoredState], min_states: usize) -> Temperatures {
     let all: Vec<&ScoredState> = states.iter().collect();
-    let global = fit_temperature(&all);
+    let (global, global_clamped) = fit_bounded(&all);
     let mut by_point: BTreeMap<&str, Vec<&ScoredState>> = BTreeMap::new();
     for s in states {
         by_point.entry(&s.point).or_default().push(s);
     }
-    let points = by_point
-        .into_iter()
-        .filter(|(_, v)| v.len() >= min_states)
-        .map(|(k, v)| (k.to_string(), fit_temperature(&v)))
-        .collect();
-    Temperatures { global, points }
+    let mut t = Temperatures {
+        global,
+        global_clamped,
+        ..Temperatures::default()
+    };
+    for (k, v) in by_point.into_iter().filter(|(_, v)| v.len() >= min_states) {
+        let (temp, clamp) = fit_bounded(&v);
+        t.points.insert(k.to_string(), temp);
+        if let Some(c) = clamp {
+            t.clamped.insert(k.to_string(), c);
+        }
+    }
+    t
 }
 
 /// ECE before (T = 1) and after (fitted temperatures) on the same states.
@@ -177,7 +248,7 @@ mod tests {
             &s,
             &Temperatures {
                 global: t,
-                points: BTreeMap::new(),
+                ..Temperatures::default()
             },
         );
         assert!(r.ece_after < r.ece_before);
@@ -201,5 +272,43 @@ mod tests {
         ];
         let refs: Vec<&ScoredState> = s.iter().collect();
         assert_eq!(fit_temperature(&refs), T_MIN as f32);
+    }
+
+    #[test]
+    fn a_point_at_the_floor_is_recorded_as_clamped_and_warned_about() {
+        // `stop`: every state right by a wide margin (the tiny base's stop point); `tool`: noisy.
+        let mut s = overconfident(300, 2.0, 3, "tool");
+        for i in 0..60 {
+            let a = i % 2;
+            let mut z = vec![0.0, 0.0];
+            z[a] = 12.0;
+            s.push(state("stop", z, a));
+        }
+        let t = fit(&s, MIN_STATES_PER_POINT);
+        assert_eq!(t.points["stop"], T_MIN as f32);
+        assert_eq!(t.clamped.get("stop"), Some(&TemperatureClamp::Floor));
+        assert!(!t.clamped.contains_key("tool"), "{:?}", t.clamped);
+        assert_eq!(
+            t.global_clamped, None,
+            "the global fit has the noisy states too"
+        );
+        let w = t.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("\"stop\"") && w[0].contains("floor"), "{w:?}");
+
+        let mut spec = DecisionSpec::defaults(crate::spec::PromptTemplate::plain());
+        t.record_in(&mut spec);
+        let v = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            v["temperatures_clamped"],
+            serde_json::json!({"stop": "floor"})
+        );
+        assert!(v.get("temperature_clamped").is_none());
+        assert!((v["temperatures"]["stop"].as_f64().unwrap() - T_MIN).abs() < 1e-6);
+        spec.validate().unwrap();
+
+        // nothing at a bound: nothing recorded, no warning
+        let t = fit(&overconfident(300, 2.0, 4, "tool"), MIN_STATES_PER_POINT);
+        assert!(t.clamped.is_empty() && t.global_clamped.is_none() && t.warnings().is_empty());
     }
 }

@@ -988,12 +988,10 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
     };
     let mut after_report = after.clone();
     after_report.flip_rate = flip_rate;
-    fin.spec.temperature = temps.global as f64;
-    fin.spec.temperatures = temps
-        .points
-        .iter()
-        .map(|(k, v)| (k.clone(), *v as f64))
-        .collect();
+    temps.record_in(&mut fin.spec);
+    for w in temps.warnings() {
+        eprintln!("warning: {w}");
+    }
     let mut points: Vec<String> = train_states.iter().map(|s| s.point.clone()).collect();
     points.sort();
     points.dedup();
