@@ -134,8 +134,8 @@ impl AdapterSummary {
         if self.is_software() {
             lines.push(
                 "warning: this wgpu adapter is a software rasteriser running on the CPU, not a \
-                 GPU: it is much slower than `--backend cpu` (0.3 states/s measured with lavapipe \
-                 on 2 cores); use --backend cpu, or install the GPU's Vulkan driver"
+                 GPU: it is much slower than `--backend cpu` (the same model, same answers); use \
+                 --backend cpu, or install the GPU's Vulkan driver"
                     .to_string(),
             );
         }
