@@ -151,7 +151,7 @@ fn finite_weights_that_overflow_are_refused_by_score_and_eval_naming_the_state()
 
     // The library call refuses too.
     let m = DecisionModel::load(model.to_str().unwrap(), &LoadOptions::default()).unwrap();
-    let s = decision_data::read_states(&[data.clone()], Default::default()).unwrap();
+    let s = decision_data::read_states(std::slice::from_ref(&data), Default::default()).unwrap();
     assert!(m.score(&s, 4).is_err());
 
     // The same states through the unedited model: scored, every confidence a number.
