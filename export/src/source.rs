@@ -127,7 +127,7 @@ impl Source {
         // The run's validation states. Reading them may quarantine bad rows; keep that out of the
         // run folder.
         let scratch = tempfile::tempdir().context("a temporary folder")?;
-        let (_, valid) = decision_train::trainer::load_run_states(&run_cfg, scratch.path())
+        let (_, valid) = decision_train::data_order::load_run_states(&run_cfg, scratch.path())
             .with_context(|| format!("{}: reading the run's validation states", run.display()))?;
         let samples_from = format!("{} (validation split)", run.display());
         let samples = if valid.is_empty() {

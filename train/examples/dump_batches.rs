@@ -5,17 +5,16 @@
 //!   cargo run -p decision-train --example dump_batches -- CONFIG STEPS OUT.jsonl [--set k=v ...]
 //!
 //! One line per micro-batch: {"step", "micro", "rows": [[ids...]...], "label_ids": [...],
-//! "options": [k...], "answer": [i...], "teacher": [[...]|null...]}. The stream replicates the
-//! trainer's (bucketed epoch order, per-example candidate shuffles, seeded by [train] seed).
+//! "options": [k...], "answer": [i...], "teacher": [[...]|null...]}. The stream is the trainer's
+//! own (bucketed epoch order, per-example candidate shuffles, seeded by [train] seed).
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use decision_train::data_order::{Stream, load_run_states};
 use decision_train::run_config::RunConfig;
-use decision_train::trainer::{
-    approx_length, bucketed_order, candidate_order, initial_model, load_run_states, permuted,
-};
+use decision_train::trainer::initial_model;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -32,27 +31,15 @@ fn main() -> Result<()> {
     let (train, _valid) = load_run_states(&cfg, &tmp)?;
     let device = decision_train::backend::device(cfg.train.backend)?;
     let dm = initial_model(&cfg, &train, &device)?;
-    let lengths: Vec<usize> = train.iter().map(approx_length).collect();
-    let (bs, seed) = (cfg.train.batch_size, cfg.train.seed);
-    let (mut epoch, mut position) = (0u64, 0usize);
-    let mut order = bucketed_order(seed, epoch, &lengths, bs);
+    let bs = cfg.train.batch_size;
+    let mut stream = Stream::new(&train, bs, cfg.train.seed, cfg.data.shuffle_options, 0, 0);
     let mut f = std::io::BufWriter::new(std::fs::File::create(&out)?);
     for step in 0..steps {
         for micro in 0..cfg.optim.grad_accum {
             let mut rows = Vec::new();
             let (mut options, mut answer, mut teacher) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..bs {
-                if position >= order.len() {
-                    epoch += 1;
-                    position = 0;
-                    order = bucketed_order(seed, epoch, &lengths, bs);
-                }
-                let i = order[position];
-                position += 1;
-                let s = &train[i];
-                let o =
-                    candidate_order(seed, epoch, i, s.candidates.len(), cfg.data.shuffle_options);
-                let p = permuted(s, &o);
+                let p = stream.next_state();
                 rows.push(dm.prompter.encode(&p)?.input_ids);
                 options.push(p.candidates.len());
                 answer.push(p.answer_index().expect("labelled"));

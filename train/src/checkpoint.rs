@@ -13,9 +13,9 @@
 //! ```
 //!
 //! A checkpoint is assembled in a hidden sibling folder (`.tmp-step-…`), every file is synced,
-//! `COMPLETE` is written, and the folder is renamed into place; a crash leaves at most a hidden
-//! temporary folder that the next save removes. Only the newest `keep` complete checkpoints
-//! are kept.
+//! `COMPLETE` is written, and the folder is renamed into place (see [`publish_dir`]); a crash
+//! leaves at most a hidden temporary folder that the next save removes. Only the newest `keep`
+//! complete checkpoints are kept.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -136,24 +136,16 @@ impl PendingCheckpoint {
     pub fn commit(self) -> Result<PathBuf> {
         sync_tree(&self.tmp)?;
         decision_data::atomic::write_atomic(self.tmp.join(COMPLETE), b"ok\n")?;
-        if self.target.exists() {
-            fs::remove_dir_all(&self.target)
-                .with_context(|| format!("replacing {}", self.target.display()))?;
-        }
-        fs::rename(&self.tmp, &self.target).with_context(|| {
-            format!(
-                "renaming {} to {}",
-                self.tmp.display(),
-                self.target.display()
-            )
-        })?;
-        decision_data::atomic::sync_dir(&checkpoints_dir(&self.run_dir));
+        let name = self.target.file_name().expect("step-N").to_string_lossy();
+        let aside = checkpoints_dir(&self.run_dir).join(format!(".tmp-replaced-{name}"));
+        publish_dir(&self.tmp, &self.target, &aside)?;
         prune(&self.run_dir, self.keep)?;
         Ok(self.target)
     }
 }
 
-fn sync_tree(dir: &Path) -> Result<()> {
+/// Sync every file and folder under `dir`.
+pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
     for e in fs::read_dir(dir)? {
         let e = e?;
         let p = e.path();
@@ -166,6 +158,29 @@ fn sync_tree(dir: &Path) -> Result<()> {
         }
     }
     decision_data::atomic::sync_dir(dir);
+    Ok(())
+}
+
+/// Put the folder `staged` (written and synced in full) at `target`, its sibling. An existing
+/// `target` is first renamed to `aside` and removed only once `staged` is in place, so at every
+/// moment `target` is the old folder, absent, or the new one: never part of either. The parent
+/// is synced so the rename survives a crash.
+pub(crate) fn publish_dir(staged: &Path, target: &Path, aside: &Path) -> Result<()> {
+    if fs::symlink_metadata(aside).is_ok() {
+        fs::remove_dir_all(aside).with_context(|| format!("removing {}", aside.display()))?;
+    }
+    let replacing = fs::symlink_metadata(target).is_ok();
+    if replacing {
+        fs::rename(target, aside).with_context(|| format!("moving {} aside", target.display()))?;
+    }
+    fs::rename(staged, target)
+        .with_context(|| format!("renaming {} to {}", staged.display(), target.display()))?;
+    if let Some(parent) = target.parent() {
+        decision_data::atomic::sync_dir(parent);
+    }
+    if replacing {
+        fs::remove_dir_all(aside).with_context(|| format!("removing {}", aside.display()))?;
+    }
     Ok(())
 }
 
@@ -295,6 +310,33 @@ mod tests {
         assert!(!checkpoints_dir(run).join(".tmp-step-0000050").exists());
         c.commit().unwrap();
         assert_eq!(latest(run).unwrap().unwrap().0, 60);
+    }
+
+    /// Publishing over an existing folder replaces it whole and leaves neither the staging
+    /// folder nor the old one behind.
+    #[test]
+    fn publish_replaces_a_folder_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (staged, target, aside) = (
+            dir.path().join(".new"),
+            dir.path().join("final"),
+            dir.path().join(".old"),
+        );
+        fs::create_dir_all(target.join("adapter")).unwrap();
+        fs::write(target.join("adapter/a.bin"), b"old").unwrap();
+        fs::write(target.join("model.bin"), b"old").unwrap();
+        fs::create_dir_all(&staged).unwrap();
+        fs::write(staged.join("model.bin"), b"new").unwrap();
+        sync_tree(&staged).unwrap();
+        publish_dir(&staged, &target, &aside).unwrap();
+        assert_eq!(fs::read(target.join("model.bin")).unwrap(), b"new");
+        assert!(!target.join("adapter").exists(), "an old file survived");
+        assert!(!staged.exists() && !aside.exists());
+        // into a place that holds nothing yet
+        fs::create_dir_all(&staged).unwrap();
+        let fresh = dir.path().join("fresh");
+        publish_dir(&staged, &fresh, &aside).unwrap();
+        assert!(fresh.is_dir() && !staged.exists());
     }
 
     #[test]

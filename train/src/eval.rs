@@ -16,10 +16,10 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
+use crate::data_order::{mix_seed, permuted};
 use crate::decision_model::{DecisionModel, LoadOptions};
 use crate::loss::{LossWeights, state_loss};
 use crate::metrics::{Metrics, Report, ScoredState, flips, metrics, share};
-use crate::trainer::{mix_seed, permuted};
 
 /// `decision eval`
 #[derive(clap::Args, Debug, Clone)]
@@ -230,7 +230,7 @@ pub fn flipped(
 /// The states of `path` in `split` (`all` = every row). A row's split is its own `split`
 /// field, or the hash of its task id.
 pub fn states_of_split(path: &Path, split: &str) -> Result<Vec<State>> {
-    let states = crate::trainer::load_states(path, 64, None)?;
+    let states = crate::data_order::load_states(path, 64, None)?;
     if split == "all" {
         return Ok(states);
     }
@@ -406,7 +406,7 @@ pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
     let (states, data_name) = match (&args.data, &loaded.run) {
         (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
         (None, Some(cfg)) => {
-            let (_, valid) = crate::trainer::load_run_states(cfg, Path::new(&src))?;
+            let (_, valid) = crate::data_order::load_run_states(cfg, Path::new(&src))?;
             (valid, "the run's validation states".to_string())
         }
         (None, None) => bail!("{flag} {src} is not a run folder (no run.toml): give --data STATES"),

@@ -19,10 +19,12 @@ pub use decision_prompt::{prompt, spec, tokenizer};
 // The trainer (issue 4).
 pub mod calibration;
 pub mod checkpoint;
+pub mod data_order;
 pub mod eval;
 pub mod lora;
 pub mod loss;
 pub mod metrics;
+mod micro_batch;
 pub mod optim;
 pub mod plan;
 pub mod plots;

@@ -3,8 +3,12 @@
 //! confidence per bin, before and after temperature scaling, with the bin counts).
 
 use std::fmt::Write as _;
+use std::path::Path;
 
-use crate::metrics::Bin;
+use anyhow::Result;
+
+use crate::calibration::Temperatures;
+use crate::metrics::{Bin, ECE_BINS, ScoredState, argmax, reliability};
 
 const W: f64 = 640.0;
 const H: f64 = 400.0;
@@ -214,6 +218,76 @@ pub fn reliability_diagram(
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// A run's `plots/loss.svg` (from its `metrics.jsonl`) and `plots/reliability.svg` (the
+/// validation states `scored` at T = 1 and at the fitted temperatures).
+pub(crate) fn write_run_plots(
+    run_dir: &Path,
+    metrics: &Path,
+    scored: &[ScoredState],
+    temps: &Temperatures,
+) -> Result<()> {
+    let text = std::fs::read_to_string(metrics)?;
+    let (mut train, mut valid) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let step = v["step"].as_f64().unwrap_or(0.0);
+        match v["kind"].as_str() {
+            Some("train") => train.push((step, v["loss"].as_f64().unwrap_or(f64::NAN))),
+            Some("eval") => valid.push((step, v["loss"].as_f64().unwrap_or(f64::NAN))),
+            _ => {}
+        }
+    }
+    let loss = line_chart(
+        "loss (cross-entropy + Brier)",
+        "step",
+        "loss",
+        &[
+            Series {
+                name: "train",
+                color: "#1f77b4",
+                points: train,
+            },
+            Series {
+                name: "valid",
+                color: "#ff7f0e",
+                points: valid,
+            },
+        ],
+    );
+    let bins = |t: &dyn Fn(&ScoredState) -> f32| -> Vec<Bin> {
+        let pairs: Vec<(f64, bool)> = scored
+            .iter()
+            .map(|s| {
+                let p = s.probs(t(s));
+                let pick = argmax(&p);
+                (p[pick], pick == s.answer)
+            })
+            .collect();
+        reliability(&pairs, ECE_BINS)
+    };
+    let before = bins(&|_| 1.0);
+    let after = bins(&|s| temps.for_point(&s.point));
+    let ece = |b: &[Bin]| {
+        let n: usize = b.iter().map(|x| x.n).sum();
+        b.iter()
+            .map(|x| x.n as f64 / n.max(1) as f64 * (x.accuracy - x.confidence).abs())
+            .sum::<f64>()
+    };
+    let rel = reliability_diagram(
+        "reliability (validation)",
+        &before,
+        &after,
+        ece(&before),
+        ece(&after),
+    );
+    let dir = run_dir.join("plots");
+    decision_data::atomic::write_atomic(dir.join("loss.svg"), loss.as_bytes())?;
+    decision_data::atomic::write_atomic(dir.join("reliability.svg"), rel.as_bytes())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,314 @@
+//! The states a run reads ([`load_states`], [`load_run_states`]) and the order training presents
+//! them in ([`Stream`]).
+//!
+//! The order is a pure function of the seed and the position: the epoch order is a shuffle seeded
+//! by (seed, epoch), bucketed by prompt length; the candidate order of example `i` in epoch `e` is
+//! seeded by (seed, e, i). So a checkpoint's (epoch, position) is all a resumed run needs to see
+//! the same examples in the same order.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+use decision_data::{Split, SplitRatios, State};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+use crate::run_config::RunConfig;
+
+/// Derive a seed for a sub-stream: (seed, a, b) → u64 (SplitMix64 of a simple mix).
+pub(crate) fn mix_seed(seed: u64, a: u64, b: u64) -> u64 {
+    let mut z =
+        seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The order of the training examples in epoch `epoch`.
+fn epoch_order(seed: u64, epoch: u64, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(seed, 1 + epoch, 0));
+    order.shuffle(&mut rng);
+    order
+}
+
+/// Examples per length bucket, in batches: a shuffled epoch is cut into pools of this many
+/// batches, each pool is sorted by length and cut into batches, and the batches of a pool are
+/// shuffled. Batches then hold prompts of similar length (little padding) while the order stays
+/// random and a pure function of (seed, epoch).
+const BUCKET_BATCHES: usize = 16;
+
+/// The epoch order with length bucketing (see [`BUCKET_BATCHES`]); `lengths[i]` is example
+/// `i`'s approximate prompt length.
+fn bucketed_order(seed: u64, epoch: u64, lengths: &[usize], batch: usize) -> Vec<usize> {
+    let order = epoch_order(seed, epoch, lengths.len());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(seed, 1 + epoch, 1));
+    let mut out = Vec::with_capacity(order.len());
+    for pool in order.chunks(batch.max(1) * BUCKET_BATCHES) {
+        let mut pool = pool.to_vec();
+        pool.sort_by_key(|&i| (lengths[i], i));
+        let mut batches: Vec<&[usize]> = pool.chunks(batch.max(1)).collect();
+        batches.shuffle(&mut rng);
+        for b in batches {
+            out.extend_from_slice(b);
+        }
+    }
+    out
+}
+
+/// A cheap stand-in for a state's prompt length: words of its context and candidate labels.
+fn approx_length(s: &State) -> usize {
+    s.context.split_whitespace().count()
+        + s.candidates
+            .iter()
+            .map(|c| 2 + c.label.split_whitespace().count())
+            .sum::<usize>()
+}
+
+/// The candidate order of example `index` in epoch `epoch` (identity when not shuffling).
+fn candidate_order(seed: u64, epoch: u64, index: usize, k: usize, shuffle: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..k).collect();
+    if shuffle {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(
+            seed,
+            0x5eed_0000 + epoch,
+            index as u64 + 1,
+        ));
+        order.shuffle(&mut rng);
+    }
+    order
+}
+
+/// `state` with its candidates (and teacher) presented in `order` (`order[i]` = original index
+/// of the candidate shown at position `i`); the answer id moves with its candidate.
+pub(crate) fn permuted(state: &State, order: &[usize]) -> State {
+    let mut s = state.clone();
+    s.candidates = order.iter().map(|&i| state.candidates[i].clone()).collect();
+    s.teacher = state
+        .teacher
+        .as_ref()
+        .map(|t| order.iter().map(|&i| t[i]).collect());
+    s
+}
+
+/// The training data stream: epoch orders and candidate orders from the seed.
+pub struct Stream<'a> {
+    states: &'a [State],
+    lengths: Vec<usize>,
+    batch: usize,
+    seed: u64,
+    shuffle: bool,
+    epoch: u64,
+    position: usize,
+    order: Vec<usize>,
+}
+
+impl<'a> Stream<'a> {
+    /// The stream of `states` in batches of `batch`, standing at example `position` of epoch
+    /// `epoch`; `shuffle` shuffles each example's candidates.
+    pub fn new(
+        states: &'a [State],
+        batch: usize,
+        seed: u64,
+        shuffle: bool,
+        epoch: u64,
+        position: usize,
+    ) -> Self {
+        let lengths: Vec<usize> = states.iter().map(approx_length).collect();
+        let order = bucketed_order(seed, epoch, &lengths, batch);
+        Self {
+            states,
+            lengths,
+            batch,
+            seed,
+            shuffle,
+            epoch,
+            position,
+            order,
+        }
+    }
+
+    /// The next example, its candidates in this epoch's order for it.
+    pub fn next_state(&mut self) -> State {
+        if self.position >= self.order.len() {
+            self.epoch += 1;
+            self.position = 0;
+            self.order = bucketed_order(self.seed, self.epoch, &self.lengths, self.batch);
+        }
+        let i = self.order[self.position];
+        self.position += 1;
+        let s = &self.states[i];
+        permuted(
+            s,
+            &candidate_order(self.seed, self.epoch, i, s.candidates.len(), self.shuffle),
+        )
+    }
+
+    /// The states it draws from, in their original order.
+    pub fn states(&self) -> &'a [State] {
+        self.states
+    }
+
+    /// Where the stream stands: the epoch and how many of its examples were taken.
+    pub fn position(&self) -> (u64, usize) {
+        (self.epoch, self.position)
+    }
+}
+
+/// Read states (one file, a folder of shards, JSON Lines or Parquet), checked against the
+/// contract. Bad rows fail the run, or with `quarantine` are written there and skipped.
+pub fn load_states(
+    path: &Path,
+    max_options: usize,
+    quarantine: Option<&Path>,
+) -> Result<Vec<State>> {
+    let opts = decision_data::ValidateOptions {
+        max_options,
+        ..Default::default()
+    };
+    let paths = [path.to_path_buf()];
+    let Some(qpath) = quarantine else {
+        return decision_data::read_states(&paths, opts);
+    };
+    let mut q = decision_data::Quarantine::create(qpath)?;
+    let mut states = Vec::new();
+    for item in decision_data::StateReader::open(&paths)?.validated(opts) {
+        match item? {
+            Ok(row) => states.push(row.value),
+            Err(bad) => q.add(&bad)?,
+        }
+    }
+    let n = q.finish()?;
+    if n > 0 {
+        eprintln!(
+            "skipped {n} bad row(s) of {}; they are in {}",
+            path.display(),
+            qpath.display()
+        );
+    }
+    Ok(states)
+}
+
+/// Training and validation states of a run.
+///
+/// Training: the rows of `[data] train` whose split is `train` (explicit, or by hashing the
+/// task id when absent — absent counts as `train` when a separate `valid` file is given).
+/// Validation: every row of `[data] valid`, or when there is none, the rows of `train` whose
+/// split is `valid`. Test rows are never used. With `[data] skip_bad`, bad rows go to
+/// `quarantine.jsonl` (and `quarantine.valid.jsonl`) in `run_dir`.
+pub fn load_run_states(cfg: &RunConfig, run_dir: &Path) -> Result<(Vec<State>, Vec<State>)> {
+    let quarantine = cfg.data.skip_bad.then(|| run_dir.join("quarantine.jsonl"));
+    let all = load_states(&cfg.data.train, cfg.data.max_options, quarantine.as_deref())?;
+    let ratios = SplitRatios::default();
+    let separate_valid = cfg.data.valid.is_some();
+    let split_of = |s: &State| match s.split.as_deref().and_then(Split::parse) {
+        Some(sp) => sp,
+        None if separate_valid => Split::Train,
+        None => ratios.split_of_task(&s.task_id),
+    };
+    let (mut train, mut valid) = (Vec::new(), Vec::new());
+    for s in all {
+        match split_of(&s) {
+            Split::Train => train.push(s),
+            Split::Valid if !separate_valid => valid.push(s),
+            _ => {}
+        }
+    }
+    if let Some(v) = &cfg.data.valid {
+        let q = cfg
+            .data
+            .skip_bad
+            .then(|| run_dir.join("quarantine.valid.jsonl"));
+        valid = load_states(v, cfg.data.max_options, q.as_deref())?;
+    }
+    let unlabeled = train.iter().filter(|s| s.answer.is_none()).count();
+    train.retain(|s| s.answer.is_some());
+    if unlabeled > 0 {
+        eprintln!("{unlabeled} unlabeled training state(s) have no answer and are not trained on");
+    }
+    valid.retain(|s| s.answer.is_some());
+    if train.is_empty() {
+        bail!("{}: no labelled training states", cfg.data.train.display());
+    }
+    if valid.is_empty() {
+        bail!(
+            "no labelled validation states (give [data] valid, or states whose split is `valid`)"
+        );
+    }
+    Ok((train, valid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_are_seeded_permutations() {
+        let a = epoch_order(7, 0, 50);
+        assert_eq!(a, epoch_order(7, 0, 50));
+        assert_ne!(a, epoch_order(7, 1, 50));
+        assert_ne!(a, epoch_order(8, 0, 50));
+        let mut sorted = a.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..50).collect::<Vec<_>>());
+        assert_eq!(candidate_order(1, 0, 3, 4, false), vec![0, 1, 2, 3]);
+        let shuffled: Vec<Vec<usize>> =
+            (0..20).map(|i| candidate_order(1, 0, i, 4, true)).collect();
+        assert!(shuffled.iter().any(|o| o != &vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn bucketing_keeps_a_permutation_and_groups_lengths() {
+        let lengths: Vec<usize> = (0..200).map(|i| (i * 37) % 101).collect();
+        let o = bucketed_order(3, 0, &lengths, 8);
+        let mut sorted = o.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..200).collect::<Vec<_>>());
+        assert_eq!(o, bucketed_order(3, 0, &lengths, 8));
+        let spread = |order: &[usize]| -> usize {
+            order
+                .chunks(8)
+                .map(|b| {
+                    let l: Vec<usize> = b.iter().map(|&i| lengths[i]).collect();
+                    l.iter().max().unwrap() - l.iter().min().unwrap()
+                })
+                .sum()
+        };
+        assert!(
+            spread(&o) * 3 < spread(&epoch_order(3, 0, 200)),
+            "bucketing does not group lengths"
+        );
+    }
+
+    #[test]
+    fn the_answer_moves_with_its_candidate() {
+        let s = State {
+            id: "s".into(),
+            task_id: "t".into(),
+            point: "tool".into(),
+            context: "c".into(),
+            candidates: ["a", "b", "c"]
+                .iter()
+                .map(|x| decision_data::Candidate {
+                    id: x.to_string(),
+                    label: format!("label {x}"),
+                })
+                .collect(),
+            answer: Some("b".into()),
+            teacher: Some(vec![0.2, 0.7, 0.1]),
+            after_error: false,
+            rules: None,
+            split: None,
+        };
+        let p = permuted(&s, &[2, 0, 1]);
+        assert_eq!(
+            p.candidates
+                .iter()
+                .map(|c| c.id.as_str())
+                .collect::<Vec<_>>(),
+            ["c", "a", "b"]
+        );
+        assert_eq!(p.answer_index(), Some(2));
+        assert_eq!(p.teacher, Some(vec![0.1, 0.2, 0.7]));
+    }
+}

@@ -1,0 +1,185 @@
+//! One training micro-batch's forward and backward passes: the states encoded into a padded
+//! batch, the loss (decision loss, plus the optional next-token term), and the gradients, with
+//! the micro-batch split into `[train] shards` that run side by side and `[train] recompute`'s
+//! layer recomputation.
+
+use anyhow::Result;
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use decision_data::State;
+
+use crate::decision_model::DecisionModel;
+use crate::loss::{LossTargets, LossWeights, batch_loss};
+use crate::model::{Batch, Qwen3};
+use crate::run_config::RunConfig;
+
+/// What one shard of a micro-batch contributes: its gradients, its (scaled) loss, its tokens.
+pub(crate) struct ShardOut {
+    pub grads: GradientsParams,
+    pub loss: f32,
+    pub tokens: u64,
+}
+
+/// Forward and backward over the micro-batch `states`, in shards on Burn's rayon pool (so that
+/// the kernels' own parallel loops nest under the shards instead of competing with them). Each
+/// shard's loss carries its share of the batch over the accumulation steps, so the summed
+/// gradients are those of the whole micro-batch's contribution to the step.
+pub(crate) fn passes(
+    model: &Qwen3,
+    dm: &DecisionModel,
+    states: &[State],
+    cfg: &RunConfig,
+    weights: LossWeights,
+) -> Vec<Result<ShardOut>> {
+    let n_shards = cfg.train.shards.min(states.len()).max(1);
+    let per = states.len().div_ceil(n_shards);
+    let pieces: Vec<&[State]> = states.chunks(per).collect();
+    let run_shard = |piece: &[State]| {
+        let share = piece.len() as f32 / states.len() as f32;
+        let scale = share / cfg.optim.grad_accum as f32;
+        if n_shards == 1 {
+            shard_pass(model, dm, piece, weights, cfg, scale)
+        } else {
+            let own = fresh_leaves(model);
+            shard_pass(&own, dm, piece, weights, cfg, scale)
+        }
+    };
+    if pieces.len() == 1 {
+        vec![run_shard(pieces[0])]
+    } else {
+        use rayon::prelude::*;
+        pieces.par_iter().map(|piece| run_shard(piece)).collect()
+    }
+}
+
+/// One training micro-batch on the host.
+struct MicroBatch {
+    batch: Batch,
+    targets: LossTargets,
+    label_ids: Vec<u32>,
+    tokens: u64,
+}
+
+fn micro_batch(dm: &DecisionModel, states: &[State], teacher_blend: f32) -> Result<MicroBatch> {
+    let mut rows = Vec::with_capacity(states.len());
+    let mut tgt = Vec::with_capacity(states.len());
+    for s in states {
+        let e = dm.prompter.encode(s)?;
+        let teacher = s
+            .teacher
+            .as_ref()
+            .map(|t| t.iter().map(|&x| x as f32).collect());
+        tgt.push((
+            s.candidates.len(),
+            s.answer_index().expect("labelled"),
+            teacher,
+        ));
+        rows.push(e.input_ids);
+    }
+    let kmax = tgt.iter().map(|t| t.0).max().unwrap_or(0);
+    let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+    let tokens = rows.iter().map(|r| r.len() as u64).sum();
+    Ok(MicroBatch {
+        batch: Batch::left_padded(&refs, dm.pad_id),
+        targets: LossTargets::build(&tgt, teacher_blend),
+        label_ids: dm.prompter.label_token_ids[..kmax].to_vec(),
+        tokens,
+    })
+}
+
+/// The model with every trainable parameter re-rooted as a new autodiff leaf (same values and
+/// parameter ids, so its gradients accumulate onto the original's). Shards on parallel threads
+/// must not share a tracked node: Burn merges autodiff graphs that do, serialising their backward
+/// passes, and a merge racing a backward pass can deadlock on Burn's two graph locks.
+fn fresh_leaves(model: &Qwen3) -> Qwen3 {
+    struct Reroot;
+    impl burn::module::ModuleMapper for Reroot {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: burn::module::Param<burn::tensor::Tensor<D>>,
+        ) -> burn::module::Param<burn::tensor::Tensor<D>> {
+            let (id, tensor, mapper) = param.consume();
+            let tensor = if tensor.is_require_grad() {
+                tensor.detach().require_grad()
+            } else {
+                tensor
+            };
+            burn::module::Param::from_mapped_value(id, tensor, mapper)
+        }
+    }
+    model.clone().map(&mut Reroot)
+}
+
+/// Forward and backward over one shard of a micro-batch; the loss is multiplied by `scale` (the
+/// shard's share of the batch over the accumulation steps) before the backward pass.
+fn shard_pass(
+    model: &Qwen3,
+    dm: &DecisionModel,
+    states: &[State],
+    weights: LossWeights,
+    cfg: &RunConfig,
+    scale: f32,
+) -> Result<ShardOut> {
+    let mb = micro_batch(dm, states, weights.teacher_blend)?;
+    let lm_weight = cfg.loss.lm_weight;
+    // The loss from the last decoder layer's output `[b, s, hidden]`, in f32.
+    let head = |decoded: burn::tensor::Tensor<3>| {
+        let [b, s, h] = decoded.dims();
+        let (last, lm) = if lm_weight > 0.0 {
+            let hidden = model.model.norm.forward(decoded);
+            let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
+            (last, Some(lm_term(model, hidden, &mb.batch)))
+        } else {
+            let last = decoded.narrow(1, s - 1, 1).reshape([b, h]);
+            (model.model.norm.forward(last), None)
+        };
+        let logits = crate::model::in_f32(model.token_logits(last, &mb.label_ids));
+        let (absent, q, onehot) = mb.targets.tensors(&logits.device());
+        let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
+        let loss = match lm {
+            Some(lm) => loss + lm.mul_scalar(lm_weight),
+            None => loss,
+        };
+        loss.mul_scalar(scale)
+    };
+    let (value, grads) = if cfg.train.recompute {
+        crate::recompute::loss_and_grads(model, &mb.batch, head)
+    } else {
+        let loss = head(model.decode(&mb.batch));
+        let value: f32 = loss.clone().into_scalar();
+        let grads = if value.is_finite() {
+            GradientsParams::from_grads(loss.backward(), model)
+        } else {
+            GradientsParams::new()
+        };
+        (value, grads)
+    };
+    Ok(ShardOut {
+        grads,
+        loss: value,
+        tokens: mb.tokens,
+    })
+}
+
+/// `[loss] lm_weight`'s term: next-token cross-entropy of every real prompt token.
+fn lm_term(
+    model: &Qwen3,
+    hidden: burn::tensor::Tensor<3>,
+    batch: &Batch,
+) -> burn::tensor::Tensor<1> {
+    use burn::tensor::{Int, Tensor, TensorData};
+    let [b, s, _] = hidden.dims();
+    let device = hidden.device();
+    let logits = crate::model::in_f32(model.logits(hidden.narrow(1, 0, s - 1)));
+    let mut next = Vec::with_capacity(b * (s - 1));
+    let mut mask = Vec::with_capacity(b * (s - 1));
+    for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {
+        for t in 0..s - 1 {
+            next.push(ids[t + 1] as i64);
+            mask.push(f32::from(am[t] != 0 && am[t + 1] != 0));
+        }
+    }
+    let next = Tensor::<2, Int>::from_data(TensorData::new(next, [b, s - 1]), &device);
+    let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, s - 1]), &device);
+    crate::loss::next_token_loss(logits, next, mask)
+}
