@@ -26,9 +26,35 @@ pub fn unit_interval(s: &str) -> f64 {
     (u64::from_be_bytes(first) >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// SHA-256 of everything `reader` yields, as lowercase hex, with the number of bytes read. Reads
+/// in 1 MiB pieces, so a file of any size is hashed in constant memory.
+pub fn sha256_hex(mut reader: impl std::io::Read) -> std::io::Result<(String, u64)> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => {
+                hasher.update(&buf[..k]);
+                n += k as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((hex, n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     #[test]
     fn fnv_matches_published_vectors() {
@@ -36,6 +62,26 @@ mod tests {
         assert_eq!(fnv1a_128(b""), FNV128_OFFSET);
         assert_eq!(fnv1a_128(b"a"), 0xd228_cb69_6f1a_8caf_7891_2b70_4e4a_8964);
         assert_ne!(fnv1a_128(b"id-1"), fnv1a_128(b"id-2"));
+    }
+
+    #[test]
+    fn sha256_matches_published_vectors() {
+        // FIPS 180-2 examples: "abc", and a million "a"s streamed from a reader.
+        assert_eq!(
+            sha256_hex(&b"abc"[..]).unwrap(),
+            (
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad".to_string(),
+                3
+            )
+        );
+        let million = std::io::repeat(b'a').take(1_000_000);
+        assert_eq!(
+            sha256_hex(million).unwrap(),
+            (
+                "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0".to_string(),
+                1_000_000
+            )
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! RUN_DIR/checkpoints/step-0000200/
-//!   COMPLETE                  written last: a folder without it is never picked
+//!   COMPLETE                  written last: a folder without it is never picked. It is the
+//!                             checkpoint's manifest: every other file's size and SHA-256
+//!                             (schema decision-checkpoint/1)
 //!   trainer_state.json        step, epoch, position in the epoch's order, seed, RNG stream
 //!                             position, the logged losses so far (schema decision-trainer-state/1)
 //!   run.toml                  the resolved run config
@@ -12,14 +14,18 @@
 //!   adapter/                  lora mode: the adapters in PEFT layout (the base is in run.toml)
 //! ```
 //!
-//! A checkpoint is assembled in a hidden sibling folder (`.tmp-step-…`), every file is synced,
-//! `COMPLETE` is written, and the folder is renamed into place (see [`publish_dir`]); a crash
-//! leaves at most a hidden temporary folder that the next save removes. Only the newest `keep`
-//! complete checkpoints are kept.
+//! A checkpoint is assembled in a hidden sibling folder (`.tmp-step-…`), every file is synced and
+//! hashed, `COMPLETE` is written, and the folder is renamed into place (see [`publish_dir`]); a
+//! crash leaves at most a hidden temporary folder that the next save removes. Only the newest
+//! `keep` complete checkpoints are kept.
+//!
+//! `--resume` takes [`newest_verified`]: the newest checkpoint whose files still match the
+//! hashes `COMPLETE` recorded. One that does not (a file missing, truncated, a byte changed, the
+//! marker itself damaged) is passed over with a warning naming it, for the one before it.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -28,6 +34,7 @@ pub const COMPLETE: &str = "COMPLETE";
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_SCHEMA: &str = "decision-trainer-state/1";
+pub const MANIFEST_SCHEMA: &str = "decision-checkpoint/1";
 
 /// Where the data order and the random streams stand; enough to continue a run exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,8 +76,8 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:07}")
 }
 
-/// Complete checkpoints, oldest first.
-pub fn list_complete(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+/// Every `step-N` folder, complete or not, oldest first.
+fn step_dirs(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let dir = checkpoints_dir(run_dir);
     let mut out = Vec::new();
     let Ok(entries) = fs::read_dir(&dir) else {
@@ -85,17 +92,140 @@ pub fn list_complete(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         let Ok(step) = num.parse::<u64>() else {
             continue;
         };
-        if e.path().join(COMPLETE).is_file() {
-            out.push((step, e.path()));
-        }
+        out.push((step, e.path()));
     }
     out.sort();
+    Ok(out)
+}
+
+/// Complete checkpoints, oldest first.
+pub fn list_complete(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = step_dirs(run_dir)?;
+    out.retain(|(_, p)| p.join(COMPLETE).is_file());
     Ok(out)
 }
 
 /// The newest complete checkpoint, if any.
 pub fn latest(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
     Ok(list_complete(run_dir)?.pop())
+}
+
+/// What `COMPLETE` records: every other file of the checkpoint, by its path in the folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Manifest {
+    schema: String,
+    files: BTreeMap<String, FileHash>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct FileHash {
+    bytes: u64,
+    sha256: String,
+}
+
+/// How a checkpoint checked out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verified {
+    /// Every file has the size and SHA-256 its `COMPLETE` manifest records.
+    Hashed,
+    /// Written before checkpoints recorded hashes (`COMPLETE` holds only `ok`): complete, but
+    /// nothing to check its files against.
+    Unhashed,
+}
+
+/// Check checkpoint `dir` against its `COMPLETE` manifest; the error says what is wrong (no
+/// marker, a marker that is not a manifest, a file missing, of another size, or changed).
+pub fn verify(dir: &Path) -> Result<Verified> {
+    let marker = dir.join(COMPLETE);
+    let bytes = match fs::read(&marker) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("no {COMPLETE} marker (an unfinished save)")
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {COMPLETE}")),
+    };
+    if bytes == b"ok\n" {
+        return Ok(Verified::Unhashed);
+    }
+    let m: Manifest = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{COMPLETE} is not a checkpoint manifest (damaged)"))?;
+    if m.schema != MANIFEST_SCHEMA {
+        bail!(
+            "{COMPLETE}: schema {:?}, expected {MANIFEST_SCHEMA:?}",
+            m.schema
+        );
+    }
+    if !m.files.contains_key(STATE_FILE) {
+        bail!("{COMPLETE} does not list {STATE_FILE}");
+    }
+    for (rel, want) in &m.files {
+        let inside = Path::new(rel)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)));
+        if !inside {
+            bail!("{COMPLETE} lists {rel:?}, which is not a file of the checkpoint");
+        }
+        let path = dir.join(rel);
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("{rel} is missing"),
+            Err(e) => return Err(e).with_context(|| format!("opening {rel}")),
+        };
+        let len = file.metadata().with_context(|| rel.clone())?.len();
+        if len != want.bytes {
+            bail!("{rel} has {len} bytes, {} when it was written", want.bytes);
+        }
+        let (sha, _) = decision_data::stable_hash::sha256_hex(file)
+            .with_context(|| format!("reading {rel}"))?;
+        if sha != want.sha256 {
+            bail!(
+                "{rel} changed since it was written (sha256 {sha}, recorded {})",
+                want.sha256
+            );
+        }
+    }
+    Ok(Verified::Hashed)
+}
+
+/// The checkpoint a resumed run continues from: the newest that [`verify`] accepts. Each newer
+/// one is passed over with a warning through `warn` that names it, says what is wrong and which
+/// checkpoint is used instead; an unhashed (older) checkpoint is used with a warning that it was
+/// not verified. `None` when the run has no checkpoint; an error naming every checkpoint and
+/// its fault when there are some but none verifies.
+pub fn newest_verified(
+    run_dir: &Path,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Option<(u64, PathBuf)>> {
+    let mut bad: Vec<String> = Vec::new();
+    for (step, path) in step_dirs(run_dir)?.into_iter().rev() {
+        match verify(&path) {
+            Ok(how) => {
+                for b in &bad {
+                    warn(&format!(
+                        "checkpoint {b}; resuming from {} instead",
+                        path.display()
+                    ));
+                }
+                if how == Verified::Unhashed {
+                    warn(&format!(
+                        "checkpoint {} records no file hashes (written by an older decision \
+                         train), so it was not verified",
+                        path.display()
+                    ));
+                }
+                return Ok(Some((step, path)));
+            }
+            Err(e) => bad.push(format!("{}: {e:#}", path.display())),
+        }
+    }
+    if bad.is_empty() {
+        return Ok(None);
+    }
+    bail!(
+        "no checkpoint of {} is intact, so there is nothing to resume from:\n  {}",
+        run_dir.display(),
+        bad.join("\n  ")
+    )
 }
 
 /// A checkpoint being written; call [`PendingCheckpoint::commit`] to publish it.
@@ -132,16 +262,44 @@ impl PendingCheckpoint {
         &self.tmp
     }
 
-    /// Sync every file, write the marker, rename into place, prune old checkpoints.
+    /// Sync and hash every file, write the manifest (`COMPLETE`), rename into place, prune old
+    /// checkpoints.
     pub fn commit(self) -> Result<PathBuf> {
-        sync_tree(&self.tmp)?;
-        decision_data::atomic::write_atomic(self.tmp.join(COMPLETE), b"ok\n")?;
+        let mut files = BTreeMap::new();
+        seal_tree(&self.tmp, "", &mut files)?;
+        let manifest = Manifest {
+            schema: MANIFEST_SCHEMA.into(),
+            files,
+        };
+        decision_data::atomic::write_json_atomic(self.tmp.join(COMPLETE), &manifest)?;
         let name = self.target.file_name().expect("step-N").to_string_lossy();
         let aside = checkpoints_dir(&self.run_dir).join(format!(".tmp-replaced-{name}"));
         publish_dir(&self.tmp, &self.target, &aside)?;
         prune(&self.run_dir, self.keep)?;
         Ok(self.target)
     }
+}
+
+/// Sync every file under `dir` (and `dir` itself) and record its size and SHA-256 under its
+/// path below `dir` (`/`-separated, after `prefix`).
+fn seal_tree(dir: &Path, prefix: &str, out: &mut BTreeMap<String, FileHash>) -> Result<()> {
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
+        if p.is_dir() {
+            seal_tree(&p, &format!("{rel}/"), out)?;
+        } else {
+            let file = fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+            let (sha256, bytes) = decision_data::stable_hash::sha256_hex(&file)
+                .with_context(|| format!("reading {}", p.display()))?;
+            file.sync_all()
+                .with_context(|| format!("syncing {}", p.display()))?;
+            out.insert(rel, FileHash { bytes, sha256 });
+        }
+    }
+    decision_data::atomic::sync_dir(dir);
+    Ok(())
 }
 
 /// Sync every file and folder under `dir`.
@@ -310,6 +468,152 @@ mod tests {
         assert!(!checkpoints_dir(run).join(".tmp-step-0000050").exists());
         c.commit().unwrap();
         assert_eq!(latest(run).unwrap().unwrap().0, 60);
+    }
+
+    /// Checkpoints 10, 20 and 30 of a run, each with a trainer state, a nested weights file and
+    /// optimizer moments, as the trainer writes them.
+    fn three_checkpoints(run: &Path) {
+        for step in [10u64, 20, 30] {
+            let c = PendingCheckpoint::begin(run, step, 5).unwrap();
+            write_state(
+                c.path(),
+                &TrainerState {
+                    step,
+                    ..TrainerState::new(1)
+                },
+            )
+            .unwrap();
+            let weights: Vec<u8> = (0..4096u32).map(|i| (i * 7 + step as u32) as u8).collect();
+            decision_data::atomic::write_atomic(c.path().join("model/model.safetensors"), &weights)
+                .unwrap();
+            let mut t = BTreeMap::new();
+            t.insert("w.exp_avg".to_string(), vec![step as f32; 64]);
+            write_tensors(&c.path().join(OPTIMIZER_FILE), &t, BTreeMap::new()).unwrap();
+            c.commit().unwrap();
+        }
+    }
+
+    fn newest(run: &Path) -> (Result<Option<(u64, PathBuf)>>, Vec<String>) {
+        let mut warnings = Vec::new();
+        let got = newest_verified(run, &mut |w| warnings.push(w.to_string()));
+        (got, warnings)
+    }
+
+    #[test]
+    fn an_intact_checkpoint_verifies_and_records_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        three_checkpoints(dir.path());
+        let (got, warnings) = newest(dir.path());
+        assert_eq!(got.unwrap().unwrap().0, 30);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let step30 = checkpoints_dir(dir.path()).join("step-0000030");
+        assert_eq!(verify(&step30).unwrap(), Verified::Hashed);
+        let m: Manifest =
+            serde_json::from_slice(&fs::read(step30.join(COMPLETE)).unwrap()).unwrap();
+        assert_eq!(
+            m.files.keys().collect::<Vec<_>>(),
+            ["model/model.safetensors", OPTIMIZER_FILE, STATE_FILE]
+        );
+        assert_eq!(m.files["model/model.safetensors"].bytes, 4096);
+        // no run has no checkpoint: nothing to resume from, and no error
+        let empty = tempfile::tempdir().unwrap();
+        assert!(newest(empty.path()).0.unwrap().is_none());
+    }
+
+    /// Each way the newest checkpoint can be damaged: it is passed over for step 20, with a
+    /// warning that names it and the fault.
+    #[test]
+    fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
+        type Damage = fn(&Path);
+        let cases: [(&str, Damage, &str); 5] = [
+            (
+                "a flipped byte",
+                |c| {
+                    let p = c.join("model/model.safetensors");
+                    let mut b = fs::read(&p).unwrap();
+                    b[2000] ^= 0x10;
+                    fs::write(&p, b).unwrap();
+                },
+                "model/model.safetensors changed since it was written",
+            ),
+            (
+                "a truncated file",
+                |c| {
+                    let p = c.join(OPTIMIZER_FILE);
+                    let b = fs::read(&p).unwrap();
+                    fs::write(&p, &b[..b.len() / 2]).unwrap();
+                },
+                "optimizer.safetensors has",
+            ),
+            (
+                "a missing file",
+                |c| fs::remove_file(c.join(STATE_FILE)).unwrap(),
+                "trainer_state.json is missing",
+            ),
+            (
+                "a damaged marker",
+                |c| {
+                    let p = c.join(COMPLETE);
+                    let b = fs::read(&p).unwrap();
+                    fs::write(&p, &b[..b.len() - 9]).unwrap();
+                },
+                "not a checkpoint manifest",
+            ),
+            (
+                "no marker",
+                |c| fs::remove_file(c.join(COMPLETE)).unwrap(),
+                "no COMPLETE marker",
+            ),
+        ];
+        for (what, damage, fault) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            three_checkpoints(dir.path());
+            damage(&checkpoints_dir(dir.path()).join("step-0000030"));
+            let (got, warnings) = newest(dir.path());
+            let (step, path) = got.unwrap().unwrap();
+            assert_eq!(step, 20, "{what}: resumed from {}", path.display());
+            assert_eq!(warnings.len(), 1, "{what}: {warnings:?}");
+            let w = &warnings[0];
+            assert!(
+                w.contains("step-0000030") && w.contains(fault) && w.contains("step-0000020"),
+                "{what}: {w}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_intact_checkpoint_is_an_error_naming_each() {
+        let dir = tempfile::tempdir().unwrap();
+        three_checkpoints(dir.path());
+        for step in [10u64, 20, 30] {
+            let p = checkpoints_dir(dir.path())
+                .join(step_dir_name(step))
+                .join("model/model.safetensors");
+            let mut b = fs::read(&p).unwrap();
+            b[0] ^= 1;
+            fs::write(&p, b).unwrap();
+        }
+        let (got, warnings) = newest(dir.path());
+        let err = format!("{:#}", got.unwrap_err());
+        assert!(err.contains("nothing to resume from"), "{err}");
+        for name in ["step-0000010", "step-0000020", "step-0000030"] {
+            assert!(err.contains(name), "{name} not named: {err}");
+        }
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    /// A checkpoint written before hashes were recorded (`COMPLETE` = "ok") is still used, with a
+    /// warning that it was not verified.
+    #[test]
+    fn an_unhashed_checkpoint_is_used_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        three_checkpoints(dir.path());
+        let step30 = checkpoints_dir(dir.path()).join("step-0000030");
+        fs::write(step30.join(COMPLETE), b"ok\n").unwrap();
+        let (got, warnings) = newest(dir.path());
+        assert_eq!(got.unwrap().unwrap().0, 30);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("not verified"), "{warnings:?}");
     }
 
     /// Publishing over an existing folder replaces it whole and leaves neither the staging

@@ -12,7 +12,8 @@
 //!   quarantine.jsonl      only with [data] skip_bad: the rejected rows, untouched
 //!                         (+ quarantine.errors.jsonl saying what is wrong with each)
 //!   tokenizer.json        for init = "random": the word-level tokenizer built from the data
-//!   checkpoints/step-NNNNNNN/   see [`crate::checkpoint`] (atomic, COMPLETE marker, newest kept)
+//!   checkpoints/step-NNNNNNN/   see [`crate::checkpoint`] (atomic, COMPLETE manifest with each
+//!                         file's SHA-256, newest kept)
 //!   final/                a model folder `DecisionModel::load` reads: config.json,
 //!                         model.safetensors (f32; for LoRA runs the adapters merged into the
 //!                         base), tokenizer.json, decision.json (prompt, labels, max_options,
@@ -30,9 +31,8 @@
 //! The epoch order is a shuffle seeded by (seed, epoch); the candidate order of example `i` in
 //! epoch `e` by (seed, e, i); the dropout stream is reseeded by (seed, step, micro-batch) before
 //! every forward pass. So the whole random state of a run is its seed plus the data position,
-//! which the checkpoint stores; `--resume` continues from the newest complete checkpoint exactly
+//! which the checkpoint stores; `--resume` continues from the newest intact checkpoint exactly
 //! as if the run had not stopped (same backend).
-
 //!
 //! # The loop
 //!
@@ -82,7 +82,8 @@ pub struct TrainArgs {
     /// Override a config key, e.g. `--set train.max_steps=200` (repeatable; unknown keys are errors).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
-    /// Continue the run in the run folder from its newest complete checkpoint.
+    /// Continue the run in the run folder from its newest intact checkpoint (its files match the
+    /// hashes recorded when it was written; a damaged one is passed over with a warning).
     #[arg(long)]
     pub resume: bool,
     /// Run folder (default: runs/<name>).
@@ -193,7 +194,7 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let _lock = crate::run_lock::RunLock::acquire(run_dir)?;
     let resume_from = if opts.resume {
-        checkpoint::latest(run_dir)?
+        checkpoint::newest_verified(run_dir, &mut |w| eprintln!("warning: {w}"))?
     } else {
         None
     };

@@ -920,3 +920,101 @@ fn a_run_folder_takes_one_run_at_a_time() {
     assert!(run.join("final").is_dir());
     assert!(!lock.exists(), "released at the end");
 }
+
+/// A copy of the folder `from` (files and folders) at `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Flip one bit of a weight in the middle of a safetensors file's data: the exponent's lowest
+/// bit of that f32, which doubles or halves it (finite, so only the hashes can tell).
+fn flip_weight(path: &Path) {
+    let mut b = std::fs::read(path).unwrap();
+    let header = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let start = 8 + header;
+    let at = start + (((b.len() - start) / 2) & !3) + 2;
+    b[at] ^= 0x80;
+    std::fs::write(path, b).unwrap();
+}
+
+/// `--resume` after a kill whose newest checkpoint is damaged (a flipped bit in the weights, a
+/// truncated optimizer file, a missing trainer state) goes back to the checkpoint before it and
+/// still ends with the weights of an uninterrupted run; with no intact checkpoint it stops with
+/// an error naming each.
+#[test]
+fn resume_passes_over_a_damaged_checkpoint() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 12);
+    let cfg = tiny_run_config(&data, "");
+    let straight = dir.path().join("straight");
+    train(&cfg, &straight, &TrainOptions::default()).unwrap();
+    let want = model_bytes(&straight.join("final"));
+    // killed after step 5: checkpoints at 3 (checkpoint_every) and 5 (the stop)
+    let killed = dir.path().join("killed");
+    let stop = TrainOptions {
+        stop_after: Some(5),
+        ..Default::default()
+    };
+    train(&cfg, &killed, &stop).unwrap();
+    let steps: Vec<u64> = crate::checkpoint::list_complete(&killed)
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(steps, vec![3, 5]);
+    let resume = TrainOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let step = |run: &Path, n: u64| {
+        crate::checkpoint::checkpoints_dir(run).join(crate::checkpoint::step_dir_name(n))
+    };
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage); 3] = [
+        ("flipped", |c| {
+            flip_weight(&c.join("model/model.safetensors"))
+        }),
+        ("truncated", |c| {
+            let p = c.join(crate::checkpoint::OPTIMIZER_FILE);
+            let b = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &b[..b.len() - 100]).unwrap();
+        }),
+        ("missing", |c| {
+            std::fs::remove_file(c.join(crate::checkpoint::STATE_FILE)).unwrap()
+        }),
+    ];
+    for (name, damage) in cases {
+        let run = dir.path().join(name);
+        copy_dir(&killed, &run);
+        damage(&step(&run, 5));
+        let s =
+            train(&cfg, &run, &resume).unwrap_or_else(|e| panic!("{name}: resume failed: {e:#}"));
+        assert_eq!(s.steps, 6, "{name}");
+        let diff = max_abs_diff(&want, &model_bytes(&run.join("final")));
+        assert!(diff <= 1e-5, "{name}: final weights differ by {diff}");
+    }
+    // every checkpoint damaged: nothing to resume from
+    let run = dir.path().join("none");
+    copy_dir(&killed, &run);
+    for n in [3, 5] {
+        flip_weight(&step(&run, n).join("model/model.safetensors"));
+    }
+    let err = format!("{:#}", train(&cfg, &run, &resume).unwrap_err());
+    assert!(
+        err.contains("nothing to resume from")
+            && err.contains("step-0000003")
+            && err.contains("step-0000005"),
+        "{err}"
+    );
+    assert!(!run.join("final").exists());
+}
