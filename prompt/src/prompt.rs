@@ -160,7 +160,12 @@ impl Template {
                         for op in &self.option {
                             match op {
                                 OptPiece::Text(t) => out.push_str(t),
-                                OptPiece::Label => out.push_str(&labels[i]),
+                                // More candidates than labels: `encode` refuses such a state,
+                                // but `render` shows it (the worker renders a refused state
+                                // to tell a too-long prompt from a bad one).
+                                OptPiece::Label => {
+                                    out.push_str(labels.get(i).map_or("?", String::as_str))
+                                }
                                 OptPiece::Body => out.push_str(&c.label),
                             }
                         }
@@ -354,6 +359,20 @@ mod tests {
             vec![tok.token_to_id("A").unwrap(), tok.token_to_id("B").unwrap()]
         );
         assert_eq!(*e.input_ids.last().unwrap(), tok.token_to_id(":").unwrap());
+    }
+
+    /// Found by the fuzzer (`decision-fuzz decision-json`, whose last state offers 30 candidates
+    /// to the 26 labels of its seeds): rendering such a state indexed past the labels.
+    #[test]
+    fn a_state_with_more_candidates_than_labels_renders_and_is_refused() {
+        let p = prompter(512);
+        let many: Vec<String> = (0..p.labels.len() + 2)
+            .map(|i| format!("w{}", i % 10))
+            .collect();
+        let s = state("w1", &many.iter().map(String::as_str).collect::<Vec<_>>());
+        let text = p.render(&s);
+        assert!(text.contains("\n9. w1\n?. w2\n?. w3\n"), "{text}");
+        assert!(p.encode(&s).is_err());
     }
 
     #[test]
