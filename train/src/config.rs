@@ -7,6 +7,11 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+/// More layers than any released decoder has (Qwen3's largest has 94).
+pub const MAX_LAYERS: usize = 1024;
+/// More weights (2^40, about 1.1 trillion) than any model this project trains or exports.
+pub const MAX_PARAMETERS: usize = 1 << 40;
+
 /// The architecture of a Qwen3 decoder. Field names follow Hugging Face's `Qwen3Config`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Qwen3Config {
@@ -174,6 +179,30 @@ impl Qwen3Config {
         if !positive(self.rms_norm_eps) || !positive(self.rope_theta) {
             bail!("rms_norm_eps and rope_theta must be positive");
         }
+        // Sizes beyond any model this decoder can hold: the tensor list, the parameter count
+        // and the memory plan are computed from them before a weight is read.
+        if self.num_hidden_layers > MAX_LAYERS {
+            bail!(
+                "num_hidden_layers is {}; more than {MAX_LAYERS} layers is not a model this decoder \
+                 can hold",
+                self.num_hidden_layers
+            );
+        }
+        match self.checked_parameter_count() {
+            Some(n) if n <= MAX_PARAMETERS => {}
+            _ => bail!(
+                "the sizes (vocab_size {}, hidden_size {}, intermediate_size {}, {} layers, {} x {} \
+                 query and {} key/value heads) make more than {MAX_PARAMETERS} weights; not a model \
+                 this decoder can hold",
+                self.vocab_size,
+                self.hidden_size,
+                self.intermediate_size,
+                self.num_hidden_layers,
+                self.num_attention_heads,
+                self.head_dim,
+                self.num_key_value_heads
+            ),
+        }
         Ok(())
     }
 
@@ -205,22 +234,38 @@ impl Qwen3Config {
         })
     }
 
-    /// Number of weights (embedding counted once when tied).
+    /// Number of weights (embedding counted once when tied); `usize::MAX` for sizes that
+    /// [`Qwen3Config::validate`] refuses because the count overflows.
     pub fn parameter_count(&self) -> usize {
+        self.checked_parameter_count().unwrap_or(usize::MAX)
+    }
+
+    fn checked_parameter_count(&self) -> Option<usize> {
         let h = self.hidden_size;
-        let q = self.num_attention_heads * self.head_dim;
-        let kv = self.num_key_value_heads * self.head_dim;
+        let q = self.num_attention_heads.checked_mul(self.head_dim)?;
+        let kv = self.num_key_value_heads.checked_mul(self.head_dim)?;
         let bias = if self.attention_bias {
-            q + 2 * kv + h
+            q.checked_add(kv.checked_mul(2)?)?.checked_add(h)?
         } else {
             0
         };
-        let attn = h * q + 2 * h * kv + q * h + bias + 2 * self.head_dim;
-        let mlp = 3 * h * self.intermediate_size;
-        let layer = attn + mlp + 2 * h;
-        let embed = self.vocab_size * h;
+        let attn = [
+            h.checked_mul(q)?,
+            h.checked_mul(kv)?.checked_mul(2)?,
+            q.checked_mul(h)?,
+            bias,
+            self.head_dim.checked_mul(2)?,
+        ]
+        .into_iter()
+        .try_fold(0usize, usize::checked_add)?;
+        let mlp = h.checked_mul(self.intermediate_size)?.checked_mul(3)?;
+        let layer = attn.checked_add(mlp)?.checked_add(h.checked_mul(2)?)?;
+        let embed = self.vocab_size.checked_mul(h)?;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + head + self.num_hidden_layers * layer + h
+        embed
+            .checked_add(head)?
+            .checked_add(self.num_hidden_layers.checked_mul(layer)?)?
+            .checked_add(h)
     }
 }
 
@@ -264,6 +309,34 @@ mod tests {
             "head_dim": 12, "rms_norm_eps": 1e-6, "rope_theta": 5000.0,
             "tie_word_embeddings": true, "max_position_embeddings": 512
         })
+    }
+
+    /// Found by the fuzzer (fuzz/corpus/model-config/finding-*.json): sizes whose parameter
+    /// count overflows panicked in `parameter_count` (debug builds; wrapped in release), and
+    /// `num_hidden_layers: 2147483647` made `expected_tensors` list 25 billion tensors before a
+    /// weight was read.
+    #[test]
+    fn sizes_past_any_model_are_refused() {
+        let with = |k: &str, v: Value| {
+            let mut j = base();
+            j[k] = v;
+            Qwen3Config::from_json(&j)
+        };
+        let huge_layers = with("num_hidden_layers", json!(2147483647u64)).unwrap_err();
+        assert!(format!("{huge_layers:#}").contains("num_hidden_layers is 2147483647"));
+        for (k, v) in [
+            ("vocab_size", json!(u64::MAX)),
+            ("hidden_size", json!(1u64 << 40)),
+            ("intermediate_size", json!(u64::MAX / 2)),
+            ("head_dim", json!(1u64 << 62)),
+        ] {
+            let e = with(k, v).unwrap_err();
+            assert!(format!("{e:#}").contains("weights"), "{k}: {e:#}");
+        }
+        // The largest sizes still pass.
+        let mut big = base();
+        big["num_hidden_layers"] = json!(MAX_LAYERS);
+        assert!(Qwen3Config::from_json(&big).is_ok());
     }
 
     #[test]
