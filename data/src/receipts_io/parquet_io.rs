@@ -37,7 +37,7 @@ use super::OutcomePatterns;
 use super::dedup::{Seen, SeenIds, conflict_error};
 use super::line::{FieldError, check_pick_offered, valid_point};
 use crate::atomic::AtomicFile;
-use crate::states_io::BadRow;
+use crate::states_io::{BadRow, guard_parquet};
 use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
 
 const COLUMNS: [&str; 17] = [
@@ -794,7 +794,7 @@ pub(super) fn empty_receipt() -> Receipt {
 /// Number of row groups and rows of a receipts Parquet file.
 pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let b = ParquetRecordBatchReaderBuilder::try_new(f)
+    let b = guard_parquet(path, || ParquetRecordBatchReaderBuilder::try_new(f))?
         .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let md = b.metadata();
     Ok((
@@ -826,7 +826,8 @@ pub(super) fn read_parquet(
 ) -> Result<ParquetRead> {
     let shared_path = Arc::new(path.to_path_buf());
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let builder = guard_parquet(path, || ParquetRecordBatchReaderBuilder::try_new(file))?
         .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let arrow_schema = builder.schema().clone();
     for name in REQUIRED {
@@ -863,15 +864,18 @@ pub(super) fn read_parquet(
     {
         bail!("row groups must be consecutive");
     }
+    // The footer's row count is the file's claim, not a fact: a corrupt one claiming 2^40 rows
+    // asked for a 37 TB table (found with `decision-fuzz receipts-parquet`). No more than one id
+    // per byte of the file is reserved up front; the table grows past that if it must.
     if let Some(s) = seen.as_deref_mut() {
-        s.reserve_first(md.file_metadata().num_rows().max(0) as usize);
+        let claimed = md.file_metadata().num_rows().max(0) as u64;
+        s.reserve_first(claimed.min(file_len) as usize);
     }
     let mut builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
     if let Some(groups) = row_groups {
         builder = builder.with_row_groups(groups);
     }
-    let reader = builder
-        .build()
+    let mut reader = guard_parquet(path, || builder.build())?
         .with_context(|| format!("reading {}", path.display()))?;
     let mut r = empty_receipt();
     let mut n = ParquetRead {
@@ -879,7 +883,7 @@ pub(super) fn read_parquet(
         bad: 0,
         duplicates: 0,
     };
-    for batch in reader {
+    while let Some(batch) = guard_parquet(path, || reader.next())? {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
         let cols = Cols::new(&batch, path)?;
         for i in 0..batch.num_rows() {

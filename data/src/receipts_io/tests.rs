@@ -373,3 +373,42 @@ fn a_torn_last_line_is_skipped_not_counted_bad() {
     );
     assert_eq!((g.len(), s.torn), (2, 0));
 }
+
+/// A corrupt file made from `fuzz/corpus/receipts-parquet/receipts-none.parquet` (8 receipts):
+/// see fuzz/corpus/receipts-parquet/finding-*.
+fn fuzz_finding(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus/receipts-parquet")
+        .join(name)
+}
+
+/// Found with `decision-fuzz receipts-parquet`: a footer claiming 2^40 rows made `fit` reserve a
+/// 37 TB id table up front (an abort). The claim no longer sizes the table; the 8 rows that are
+/// there are read.
+#[test]
+fn a_footer_claiming_2e40_rows_reads_the_rows_there() {
+    let path = fuzz_finding("finding-footer-claims-2e40-rows.parquet");
+    let mut good = 0;
+    let s = for_each_unique_receipt(std::slice::from_ref(&path), &ReadOptions::default(), |r| {
+        good += u64::from(r.is_ok());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!((s.records, good), (8, 8));
+}
+
+/// Found with the fuzzer on states (the same decoder): a column chunk whose length in the footer
+/// is negative (-1 here) panicked inside parquet-rs; now it is an error naming the file.
+#[test]
+fn a_negative_column_length_is_an_error_not_a_panic() {
+    let path = fuzz_finding("finding-negative-column-length.parquet");
+    let e = for_each_unique_receipt(std::slice::from_ref(&path), &ReadOptions::default(), |_| {
+        Ok(())
+    })
+    .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("corrupt Parquet data (the Parquet decoder failed"),
+        "{e}"
+    );
+}

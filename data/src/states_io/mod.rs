@@ -32,6 +32,7 @@ use crate::state::State;
 
 pub use self::arrow::{STATES_SCHEMA_ID, state_schema, states_to_batch};
 pub use self::json::state_from_json;
+pub(crate) use self::parquet::guard as guard_parquet;
 pub use self::parquet::{ROW_GROUP_BYTES, ROW_GROUP_ROWS};
 
 /// The two formats a states file can have.

@@ -494,3 +494,34 @@ fn jsonl_with_a_byte_order_mark_reads_its_first_line() {
     let rows = read_all(&[path]);
     assert!(rows[0].is_ok() && rows[1].is_err());
 }
+
+/// A corrupt file from `decision-fuzz states-parquet` (fuzz/corpus/states-parquet/finding-*).
+fn fuzz_finding(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus/states-parquet")
+        .join(name)
+}
+
+/// Found by the fuzzer: parquet-rs panicked inside the read (a column chunk with a negative
+/// start in the footer; definition levels past their page), which aborted `data validate`,
+/// `train` and `eval`. Now the read ends with an error naming the file.
+#[test]
+fn corrupt_parquet_that_panics_the_decoder_is_an_error() {
+    for name in [
+        "finding-negative-column-chunk.parquet",
+        "finding-def-levels-past-page.parquet",
+    ] {
+        let path = fuzz_finding(name);
+        let reader = StateReader::open(std::slice::from_ref(&path)).unwrap();
+        let errors: Vec<String> = reader
+            .filter_map(|item| item.err().map(|e| format!("{e:#}")))
+            .collect();
+        assert_eq!(errors.len(), 1, "{name}: {errors:?}");
+        assert!(
+            errors[0].contains("corrupt Parquet data (the Parquet decoder failed"),
+            "{name}: {}",
+            errors[0]
+        );
+        assert!(errors[0].contains(name), "{}", errors[0]);
+    }
+}
