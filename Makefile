@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker
+.PHONY: all build demo test fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker
 
 all: test
 
@@ -21,6 +21,15 @@ demo: build
 ## test: the whole workspace test suite (offline, CPU)
 test:
 	$(CARGO) test --workspace
+
+## fuzz: every fuzz target (fuzz/, README "Fuzzing the readers") for FUZZ_SECONDS each, seed
+## FUZZ_SEED; prints executions per target; exits non-zero on a finding (saved in fuzz/findings/).
+## `make test` runs each briefly (fuzz/tests/smoke.rs).
+FUZZ_SECONDS ?= 600
+FUZZ_SEED ?= 1
+fuzz:
+	$(CARGO) build --workspace --bin decision-fuzz
+	target/debug/decision-fuzz all --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)
 
 ## bench: speed figures, side by side with the reference implementations
 bench: build bench-fit bench-train bench-score bench-export
