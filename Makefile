@@ -70,8 +70,9 @@ bench-export: build
 	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/lora-bundle --base tests/fixtures/export/tiny
 
 ## bench-scale: LoRA r16 at the Qwen3-0.6B shape (random bf16 weights), micro-batches 2 x 1024 and
-## 1 x 2048 tokens: `decision train` (bf16 base, recompute) vs PyTorch + transformers + peft (bf16,
-## gradient checkpointing, SDPA), tokens/s and peak RSS as ratios, beside `--plan`. Creates its own
+## 1 x 2048 tokens: `decision train` (bf16 base, recompute) vs PyTorch + transformers + peft (bf16
+## where the CPU computes it, else f32; gradient checkpointing, SDPA), tokens/s and peak RSS as
+## ratios, beside `--plan`. Creates its own
 ## venv (scripts/requirements-train.txt) unless SCALE_PYTHON names one. About 40 minutes on 2 cores.
 SCALE_VENV  := bench-out/venv-train
 SCALE_PYTHON ?= $(SCALE_VENV)/bin/python
