@@ -15,7 +15,7 @@
 //! ```
 //!
 //! A checkpoint is assembled in a hidden sibling folder (`.tmp-step-…`), every file is synced and
-//! hashed, `COMPLETE` is written, and the folder is renamed into place (see [`publish_dir`]); a
+//! hashed, `COMPLETE` is written, and the folder is renamed into place (see `publish_dir`); a
 //! crash leaves at most a hidden temporary folder that the next save removes. Only the newest
 //! `keep` complete checkpoints are kept.
 //!

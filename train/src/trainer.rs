@@ -36,12 +36,11 @@
 //!
 //! # The loop
 //!
-//! [`train`] checks the run folder, then a [`Trainer`] runs the loop nanoGPT's reads like:
-//! set up (or resume from a checkpoint), then per step [`Trainer::step`], [`Trainer::log_step`],
-//! now and then [`Trainer::evaluate`] and [`Trainer::checkpoint`], and at the end
-//! [`Trainer::finish`] (the last checkpoint; for a finished run the final evaluation,
-//! temperatures, `final/`, plots and `summary.json`). The data order is [`crate::data_order`];
-//! one micro-batch's forward and backward passes are [`crate::micro_batch`].
+//! [`train`] checks the run folder, then a `Trainer` runs the loop nanoGPT's reads like:
+//! `set_up` (or resume from a checkpoint), then per step `step` and `log_step`, now and then
+//! `evaluate` and `checkpoint`, and at the end `finish` (the last checkpoint; for a finished run
+//! the final evaluation, temperatures, `final/`, plots and `summary.json`). The data order is
+//! [`crate::data_order`]; one micro-batch's forward and backward passes are `micro_batch.rs`.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
