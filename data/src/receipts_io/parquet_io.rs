@@ -794,7 +794,8 @@ pub(super) fn empty_receipt() -> Receipt {
 /// Number of row groups and rows of a receipts Parquet file.
 pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let b = guard_parquet(path, || ParquetRecordBatchReaderBuilder::try_new(f))?
+    let b = guard_parquet(|| ParquetRecordBatchReaderBuilder::try_new(f))
+        .and_then(|r| Ok(r?))
         .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let md = b.metadata();
     Ok((
@@ -827,7 +828,8 @@ pub(super) fn read_parquet(
     let shared_path = Arc::new(path.to_path_buf());
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let builder = guard_parquet(path, || ParquetRecordBatchReaderBuilder::try_new(file))?
+    let builder = guard_parquet(|| ParquetRecordBatchReaderBuilder::try_new(file))
+        .and_then(|r| Ok(r?))
         .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let arrow_schema = builder.schema().clone();
     for name in REQUIRED {
@@ -875,7 +877,8 @@ pub(super) fn read_parquet(
     if let Some(groups) = row_groups {
         builder = builder.with_row_groups(groups);
     }
-    let mut reader = guard_parquet(path, || builder.build())?
+    let mut reader = guard_parquet(|| builder.build())
+        .and_then(|r| Ok(r?))
         .with_context(|| format!("reading {}", path.display()))?;
     let mut r = empty_receipt();
     let mut n = ParquetRead {
@@ -883,7 +886,9 @@ pub(super) fn read_parquet(
         bad: 0,
         duplicates: 0,
     };
-    while let Some(batch) = guard_parquet(path, || reader.next())? {
+    while let Some(batch) =
+        guard_parquet(|| reader.next()).with_context(|| format!("reading {}", path.display()))?
+    {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
         let cols = Cols::new(&batch, path)?;
         for i in 0..batch.num_rows() {

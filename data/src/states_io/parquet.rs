@@ -29,22 +29,19 @@ pub const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// ... or at about this many encoded bytes, whichever comes first (long contexts).
 pub const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
 
-/// Run a parquet-rs call on a file's bytes, turning a panic into an error that names the file.
+/// Run a parquet-rs call on a file's bytes, turning a panic into an error (callers add the file).
 /// parquet-rs 60 panics on some corrupt files instead of returning an error (found by
 /// `decision-fuzz states-parquet`: a column chunk whose offset or length is negative in the
 /// footer, definition levels that run past their page); a user's bad file must get a message
 /// and an exit code, not an abort. Whatever the reader had decoded is dropped with it.
-pub(crate) fn guard<T>(path: &Path, f: impl FnOnce() -> T) -> Result<T> {
+pub(crate) fn guard<T>(f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
         let why = payload
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "no message".into());
-        anyhow::anyhow!(
-            "{}: corrupt Parquet data (the Parquet decoder failed: {why})",
-            path.display()
-        )
+        anyhow::anyhow!("corrupt Parquet data (the Parquet decoder failed: {why})")
     })
 }
 
@@ -63,10 +60,11 @@ impl ParquetRows {
     pub(super) fn open(file: Arc<PathBuf>) -> Result<ParquetRows> {
         let f =
             File::open(file.as_path()).with_context(|| format!("opening {}", file.display()))?;
-        let batches = guard(&file, || {
+        let batches = guard(|| {
             ParquetRecordBatchReaderBuilder::try_new(f)
                 .and_then(|b| b.with_batch_size(READ_BATCH_ROWS).build())
-        })?
+        })
+        .and_then(|r| Ok(r?))
         .with_context(|| format!("{}: not a readable Parquet file", file.display()))?;
         Ok(ParquetRows {
             file,
@@ -88,7 +86,7 @@ impl Iterator for ParquetRows {
                 self.before += b.num_rows() as u64;
             }
             // After a panic the reader's state is unknown: the caller stops at the error.
-            let next = match guard(&self.file, || self.batches.next()) {
+            let next = match guard(|| self.batches.next()) {
                 Ok(next) => next?,
                 Err(e) => {
                     return Some(Err(e.context(format!(
@@ -142,7 +140,8 @@ impl Iterator for ParquetRows {
 /// Rows in a Parquet file, from its footer.
 pub(super) fn row_count(path: &Path) -> Result<u64> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let reader = guard(path, || SerializedFileReader::new(f))?
+    let reader = guard(|| SerializedFileReader::new(f))
+        .and_then(|r| Ok(r?))
         .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
     Ok(reader.metadata().file_metadata().num_rows().max(0) as u64)
 }
