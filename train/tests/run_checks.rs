@@ -209,3 +209,26 @@ fn eval_with_an_unwritable_report_stops_before_the_work_and_writes_nothing() {
     assert_eq!(report["schema"], "decision-eval/1");
     assert!(!listing(d.path()).iter().any(|n| n.contains(".tmp-")));
 }
+
+/// eval writes shadow receipts as JSON Lines: a `.parquet` name (which `fit` would then read as
+/// Parquet and reject) is refused before the work, and nothing is written.
+#[test]
+fn eval_refuses_a_parquet_name_for_its_json_lines_receipts() {
+    let d = tempfile::tempdir().unwrap();
+    let data = states(d.path());
+    let model = d.path().join("model");
+    model_with(&model, |_| {});
+    let before = listing(d.path());
+    let a = eval_args(
+        &model,
+        &data,
+        d.path().join("receipts.parquet"),
+        d.path().join("report.json"),
+    );
+    let e = format!("{:#}", run_eval(&a).unwrap_err());
+    assert!(
+        e.contains("--receipts") && e.contains("JSON Lines") && e.contains(".jsonl"),
+        "{e}"
+    );
+    assert_eq!(listing(d.path()), before);
+}
