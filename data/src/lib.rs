@@ -10,6 +10,7 @@ pub mod cli;
 /// Synthetic decision states (`decision gen states`); `gen` is a reserved word in edition 2024.
 pub mod r#gen;
 pub mod outputs;
+mod parquet_pages;
 pub mod paths;
 pub mod progress;
 pub mod quarantine;

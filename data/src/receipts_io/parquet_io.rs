@@ -850,6 +850,9 @@ pub(super) fn read_parquet(
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let md = builder.metadata().clone();
+    let pages = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    crate::parquet_pages::check_pages(&pages, &md, row_groups.as_deref())
+        .with_context(|| format!("reading {} as Parquet", path.display()))?;
     let mut row: u64 = match &row_groups {
         Some(groups) => groups
             .first()

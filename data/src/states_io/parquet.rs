@@ -60,12 +60,17 @@ impl ParquetRows {
     pub(super) fn open(file: Arc<PathBuf>) -> Result<ParquetRows> {
         let f =
             File::open(file.as_path()).with_context(|| format!("opening {}", file.display()))?;
-        let batches = guard(|| {
-            ParquetRecordBatchReaderBuilder::try_new(f)
-                .and_then(|b| b.with_batch_size(READ_BATCH_ROWS).build())
-        })
-        .and_then(|r| Ok(r?))
-        .with_context(|| format!("{}: not a readable Parquet file", file.display()))?;
+        let unreadable = || format!("{}: not a readable Parquet file", file.display());
+        let builder = guard(|| ParquetRecordBatchReaderBuilder::try_new(f))
+            .and_then(|r| Ok(r?))
+            .with_context(unreadable)?;
+        let pages =
+            File::open(file.as_path()).with_context(|| format!("opening {}", file.display()))?;
+        crate::parquet_pages::check_pages(&pages, builder.metadata(), None)
+            .with_context(unreadable)?;
+        let batches = guard(|| builder.with_batch_size(READ_BATCH_ROWS).build())
+            .and_then(|r| Ok(r?))
+            .with_context(unreadable)?;
         Ok(ParquetRows {
             file,
             batches,

@@ -504,12 +504,25 @@ fn fuzz_finding(name: &str) -> std::path::PathBuf {
 
 /// Found by the fuzzer: parquet-rs panicked inside the read (a column chunk with a negative
 /// start in the footer; definition levels past their page), which aborted `data validate`,
-/// `train` and `eval`. Now the read ends with an error naming the file.
+/// `train` and `eval`, or reserved 2 GiB for a page of a 9 KB file. Now the read ends with an
+/// error naming the file.
 #[test]
 fn corrupt_parquet_that_panics_the_decoder_is_an_error() {
-    for name in [
-        "finding-negative-column-chunk.parquet",
-        "finding-def-levels-past-page.parquet",
+    for (name, why) in [
+        // caught by the page check before the decoder runs (`parquet_pages`)
+        (
+            "finding-negative-column-chunk.parquet",
+            "the footer puts its pages at bytes 2798..+-672",
+        ),
+        (
+            "finding-def-levels-past-page.parquet",
+            "corrupt Parquet data (the Parquet decoder failed",
+        ),
+        // a page header claiming 2^31 - 1 bytes: parquet-rs reserved them before decompressing
+        (
+            "finding-alloc-4feeeb6c1f99b68a.parquet",
+            "claims 2147483647 bytes uncompressed",
+        ),
     ] {
         let path = fuzz_finding(name);
         let reader = StateReader::open(std::slice::from_ref(&path)).unwrap();
@@ -517,11 +530,7 @@ fn corrupt_parquet_that_panics_the_decoder_is_an_error() {
             .filter_map(|item| item.err().map(|e| format!("{e:#}")))
             .collect();
         assert_eq!(errors.len(), 1, "{name}: {errors:?}");
-        assert!(
-            errors[0].contains("corrupt Parquet data (the Parquet decoder failed"),
-            "{name}: {}",
-            errors[0]
-        );
+        assert!(errors[0].contains(why), "{name}: {}", errors[0]);
         assert!(errors[0].contains(name), "{}", errors[0]);
     }
 }
