@@ -121,7 +121,7 @@ impl<R: Read> Compact<R> {
         }
         match ty {
             1 | 2 if in_field => Ok(()),
-            1 | 2 | 3 => self.byte().map(drop),
+            1..=3 => self.byte().map(drop),
             4..=6 => self.varint().map(drop),
             7 => self.skip_bytes(8),
             8 => {
