@@ -61,7 +61,13 @@ pub(crate) fn check_pages(
                          of about 1 MiB)"
                     );
                 }
-                pos += header.read as i64 + compressed;
+                match (pos + header.read as i64).checked_add(compressed) {
+                    Some(next) if next <= end => pos = next,
+                    _ => bail!(
+                        "row group {g}, column {c}: the page at byte {pos} claims {compressed} \
+                         compressed bytes, past its column chunk (which ends at byte {end})"
+                    ),
+                }
             }
         }
     }
@@ -187,9 +193,12 @@ impl<R: Read> Compact<R> {
             (3, 5) => s.zigzag().map(|v| compressed = Some(v)).map(|_| true),
             _ => Ok(false),
         })?;
+        let i32_range = 0..=i64::from(i32::MAX);
         match (uncompressed, compressed) {
-            (Some(u), Some(c)) if u >= 0 && c >= 0 => Ok((u, c)),
-            (Some(u), Some(c)) => bail!("negative page sizes ({u} uncompressed, {c} compressed)"),
+            (Some(u), Some(c)) if i32_range.contains(&u) && i32_range.contains(&c) => Ok((u, c)),
+            (Some(u), Some(c)) => {
+                bail!("page sizes outside 0..2^31 ({u} uncompressed, {c} compressed; they are i32)")
+            }
             _ => bail!("no page sizes (not a page header)"),
         }
     }
@@ -235,6 +244,8 @@ mod tests {
         assert!(sizes(&[0x15, 0x00, 0x00]).is_err());
         // a negative size
         assert!(sizes(&[0x25, 0x01, 0x15, 0x02, 0x00]).is_err());
+        // a size past i32 (the varint of 2^40, zigzagged)
+        assert!(sizes(&[0x15, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x15, 0x02, 0x00]).is_err());
         // nesting without end
         let deep = vec![0x1c; 200];
         assert!(sizes(&deep).is_err());
