@@ -398,7 +398,8 @@ fn a_footer_claiming_2e40_rows_reads_the_rows_there() {
 }
 
 /// Found with the fuzzer on states (the same decoder): a column chunk whose length in the footer
-/// is negative (-1 here) panicked inside parquet-rs; now it is an error naming the file.
+/// is negative (-1 here) panicked inside parquet-rs; now the page check refuses it before the
+/// decoder runs, naming the file and the column chunk.
 #[test]
 fn a_negative_column_length_is_an_error_not_a_panic() {
     let path = fuzz_finding("finding-negative-column-length.parquet");
@@ -408,7 +409,8 @@ fn a_negative_column_length_is_an_error_not_a_panic() {
     .unwrap_err();
     let e = format!("{e:#}");
     assert!(
-        e.contains("corrupt Parquet data (the Parquet decoder failed"),
+        e.contains("finding-negative-column-length.parquet")
+            && e.contains("row group 0, column 0: the footer puts its pages at bytes 4..+-1"),
         "{e}"
     );
 }
