@@ -266,7 +266,7 @@ impl PendingCheckpoint {
     /// checkpoints.
     pub fn commit(self) -> Result<PathBuf> {
         let mut files = BTreeMap::new();
-        seal_tree(&self.tmp, "", &mut files)?;
+        seal_tree(&self.tmp, "", Some(&mut files))?;
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA.into(),
             files,
@@ -280,22 +280,29 @@ impl PendingCheckpoint {
     }
 }
 
-/// Sync every file under `dir` (and `dir` itself) and record its size and SHA-256 under its
-/// path below `dir` (`/`-separated, after `prefix`).
-fn seal_tree(dir: &Path, prefix: &str, out: &mut BTreeMap<String, FileHash>) -> Result<()> {
+/// Sync every file under `dir` (and `dir` itself, and each folder below it); with `hashes`,
+/// also record each file's size and SHA-256 under its path below `dir` (`/`-separated, after
+/// `prefix`).
+fn seal_tree(
+    dir: &Path,
+    prefix: &str,
+    mut hashes: Option<&mut BTreeMap<String, FileHash>>,
+) -> Result<()> {
     for e in fs::read_dir(dir)? {
         let e = e?;
         let p = e.path();
         let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
         if p.is_dir() {
-            seal_tree(&p, &format!("{rel}/"), out)?;
+            seal_tree(&p, &format!("{rel}/"), hashes.as_deref_mut())?;
         } else {
             let file = fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
-            let (sha256, bytes) = decision_data::stable_hash::sha256_hex(&file)
-                .with_context(|| format!("reading {}", p.display()))?;
+            if let Some(out) = hashes.as_deref_mut() {
+                let (sha256, bytes) = decision_data::stable_hash::sha256_hex(&file)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                out.insert(rel, FileHash { bytes, sha256 });
+            }
             file.sync_all()
                 .with_context(|| format!("syncing {}", p.display()))?;
-            out.insert(rel, FileHash { bytes, sha256 });
         }
     }
     decision_data::atomic::sync_dir(dir);
@@ -304,19 +311,7 @@ fn seal_tree(dir: &Path, prefix: &str, out: &mut BTreeMap<String, FileHash>) -> 
 
 /// Sync every file and folder under `dir`.
 pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        let p = e.path();
-        if p.is_dir() {
-            sync_tree(&p)?;
-        } else {
-            fs::File::open(&p)
-                .and_then(|f| f.sync_all())
-                .with_context(|| format!("syncing {}", p.display()))?;
-        }
-    }
-    decision_data::atomic::sync_dir(dir);
-    Ok(())
+    seal_tree(dir, "", None)
 }
 
 /// Put the folder `staged` (written and synced in full) at `target`, its sibling. An existing
