@@ -391,18 +391,17 @@ pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
         io.output_file("--report", r);
     }
     io.check()?;
-    if let Some(r) = &args.receipts {
-        let ext = r
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        if ext.as_deref() == Some("parquet") {
-            bail!(
-                "--receipts {}: eval writes shadow receipts as JSON Lines; name the file .jsonl \
-                 (decision fit reads both formats)",
-                r.display()
-            );
-        }
+    if let Some(r) = &args.receipts
+        && matches!(
+            decision_data::Format::from_path(r),
+            Ok(decision_data::Format::Parquet)
+        )
+    {
+        bail!(
+            "--receipts {}: eval writes shadow receipts as JSON Lines; name the file .jsonl \
+             (decision fit reads both formats)",
+            r.display()
+        );
     }
     // Every output is opened now, so one that cannot be written stops eval before the model is
     // loaded; nothing lands unless the whole evaluation succeeds.
