@@ -39,46 +39,62 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## bench-fit: `decision fit` vs the pandas/pyarrow reference on 10M receipts (needs
-## scripts/requirements-fit.txt in $(FIT_PYTHON)); data generated once into bench-out/
-FIT_PYTHON ?= $(shell test -x /work/refenv/bin/python && echo /work/refenv/bin/python || echo python3)
-bench-fit: build
+## Each bench's Python is a venv of its own, bench-out/venv-NAME, made from its pinned
+## scripts/requirements-NAME.txt on first use (and remade when that file changes). Name another
+## interpreter that has those packages with FIT_PYTHON=, TRAIN_PYTHON=, MODEL_PYTHON=,
+## EXPORT_PYTHON= or SCALE_PYTHON= (then no venv is made). PIP_ARGS go to pip (e.g.
+## `--index-url https://download.pytorch.org/whl/cpu` for CPU-only torch wheels).
+PIP_ARGS ?=
+FIT_PYTHON    ?= bench-out/venv-fit/bin/python
+TRAIN_PYTHON  ?= bench-out/venv-train/bin/python
+MODEL_PYTHON  ?= bench-out/venv-model/bin/python
+EXPORT_PYTHON ?= bench-out/venv-export/bin/python
+SCALE_PYTHON  ?= $(TRAIN_PYTHON)
+# $(call venv,NAME,VAR): the venv's marker as a prerequisite, unless VAR was set from outside.
+venv = $(if $(filter file,$(origin $(2))),bench-out/venv-$(1)/.ok)
+
+bench-out/venv-%/.ok: scripts/requirements-%.txt
+	rm -rf bench-out/venv-$*
+	python3 -m venv bench-out/venv-$*
+	bench-out/venv-$*/bin/pip install -q $(PIP_ARGS) -r $<
+	touch $@
+
+## bench-fit: `decision fit` vs the pandas/pyarrow reference on 10M receipts
+## (scripts/requirements-fit.txt); data generated once into bench-out/
+bench-fit: build $(call venv,fit,FIT_PYTHON)
 	BIN=$(BIN) PYTHON=$(FIT_PYTHON) scripts/bench_fit.sh
 
 ## bench-train: `decision train` (Burn, CPU) vs PyTorch + transformers + peft, tokens/s and peak
 ## memory, tiny full fine-tune and small-Qwen3 LoRA (needs scripts/requirements-train.txt)
-bench-train: build
+bench-train: build $(call venv,train,TRAIN_PYTHON)
 	$(BIN) gen states --rules v1 --tasks 300 --seed 3 --out bench-out/train-states.parquet
-	$(FIT_PYTHON) scripts/bench_train.py --decision $(BIN) --states bench-out/train-states.parquet --out bench-out/train --steps 30
+	$(TRAIN_PYTHON) scripts/bench_train.py --decision $(BIN) --states bench-out/train-states.parquet --out bench-out/train --steps 30
 
 ## bench-score: `decision score` (Burn flex, CPU) vs transformers forward throughput in tokens/s,
 ## same Qwen3 config, weights, prompts and batches (needs scripts/requirements-model.txt)
-bench-score: build
-	$(FIT_PYTHON) scripts/bench_score.py --decision $(BIN)
+bench-score: build $(call venv,model,MODEL_PYTHON)
+	$(MODEL_PYTHON) scripts/bench_score.py --decision $(BIN)
 
 ## bench-export: onnxruntime latency (batch 1, p50/p95) of our model.onnx against torch.onnx.export
 ## of the same weights (a small random Qwen3), plus the reference checks of exported bundles
 ## (onnx.checker full_check, onnxruntime, peft); needs scripts/requirements-export.txt
 EXPORT_OUT := bench-out/export
-bench-export: build
-	$(FIT_PYTHON) scripts/bench_onnx.py make-model $(EXPORT_OUT)/small-qwen3
+bench-export: build $(call venv,export,EXPORT_PYTHON)
+	$(EXPORT_PYTHON) scripts/bench_onnx.py make-model $(EXPORT_OUT)/small-qwen3
 	$(BIN) export --model $(EXPORT_OUT)/small-qwen3 --formats onnx --out $(EXPORT_OUT)/bundle --force
-	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/bundle --base $(EXPORT_OUT)/small-qwen3
-	$(FIT_PYTHON) scripts/bench_onnx.py compare $(EXPORT_OUT)/bundle $(EXPORT_OUT)/small-qwen3 --workdir $(EXPORT_OUT)
+	$(EXPORT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/bundle --base $(EXPORT_OUT)/small-qwen3
+	$(EXPORT_PYTHON) scripts/bench_onnx.py compare $(EXPORT_OUT)/bundle $(EXPORT_OUT)/small-qwen3 --workdir $(EXPORT_OUT)
 	$(BIN) export --model tests/fixtures/export/tiny --adapter tests/fixtures/export/tiny-lora --formats onnx,peft \
 		--dtype f16 --opset 23 --external-data --out $(EXPORT_OUT)/lora-bundle --force
-	$(FIT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/lora-bundle --base tests/fixtures/export/tiny
+	$(EXPORT_PYTHON) scripts/check_onnx.py $(EXPORT_OUT)/lora-bundle --base tests/fixtures/export/tiny
 
 ## bench-scale: LoRA r16 at the Qwen3-0.6B shape (random bf16 weights), micro-batches 2 x 1024 and
 ## 1 x 2048 tokens: `decision train` (bf16 base, recompute) vs PyTorch + transformers + peft (bf16
 ## where the CPU computes it, else f32; gradient checkpointing, SDPA), tokens/s and peak RSS as
-## ratios, beside `--plan`. Creates its own
-## venv (scripts/requirements-train.txt) unless SCALE_PYTHON names one. About 40 minutes on 2 cores.
-SCALE_VENV  := bench-out/venv-train
-SCALE_PYTHON ?= $(SCALE_VENV)/bin/python
-bench-scale: build
+## ratios, beside `--plan`. Python: bench-train's venv (scripts/requirements-train.txt) unless
+## SCALE_PYTHON or TRAIN_PYTHON names one. About 40 minutes on 2 cores.
+bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,TRAIN_PYTHON))
 	$(CARGO) build -p decision-train --example random_qwen3
-	test -x $(SCALE_PYTHON) || (python3 -m venv $(SCALE_VENV) && $(SCALE_VENV)/bin/pip install -q -r scripts/requirements-train.txt)
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
 
 ## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives

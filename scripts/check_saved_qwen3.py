@@ -7,7 +7,9 @@ transformers computed for the original fixture checkpoint) and fails if a last-p
 differs by more than 1e-4. Run by train/tests/loading.rs when $DECISION_PYTHON (else python3)
 imports torch and transformers; by hand:
 
-  /work/refenv/bin/python scripts/check_saved_qwen3.py SAVED_DIR --case tied
+  bench-out/venv-model/bin/python scripts/check_saved_qwen3.py SAVED_DIR --case tied
+
+(`make bench-out/venv-model/.ok` makes that venv.)
 
 Requirements: scripts/requirements-model.txt
 """

@@ -19,7 +19,8 @@ The batch mixes lengths so left padding and position ids from the mask are exerc
 are cumsum(mask) - 1 (clamped at 0), the convention the exporter bakes in. Weights are drawn with
 std 0.2 and random norm gains so logits are O(1) and a 1e-4 tolerance tests something.
 
-Run by hand (not in CI): /work/refenv/bin/python scripts/make_export_fixtures.py
+Run by hand (not in CI), in a venv of scripts/requirements-export.txt (`make
+bench-out/venv-export/.ok` makes one): bench-out/venv-export/bin/python scripts/make_export_fixtures.py
 Requirements: scripts/requirements-export.txt
 """
 

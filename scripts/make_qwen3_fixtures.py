@@ -16,7 +16,8 @@ time (no padding) and stores the expected last-position logits over the whole vo
 Weights are drawn larger than transformers' default (std 0.2 rather than 0.02) and the RMSNorm
 gains are random, so the logits are O(1) and a 1e-4 tolerance actually tests something.
 
-Run by hand (not in CI): /work/refenv/bin/python scripts/make_qwen3_fixtures.py
+Run by hand (not in CI), in a venv of scripts/requirements-model.txt (`make
+bench-out/venv-model/.ok` makes one): bench-out/venv-model/bin/python scripts/make_qwen3_fixtures.py
 Requirements: scripts/requirements-model.txt
 """
 

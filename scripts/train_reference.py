@@ -1,6 +1,7 @@
 """Reference values for the trainer's numerics, computed with PyTorch and transformers.
 
-Run by hand (not in CI):  /work/refenv/bin/python scripts/train_reference.py
+Run by hand (not in CI), in a venv of scripts/requirements-train.txt (`make
+bench-out/venv-train/.ok` makes one):  bench-out/venv-train/bin/python scripts/train_reference.py
 Writes tests/fixtures/train/reference.json, which the Rust tests in train/src/{loss,optim}.rs read:
 
 * loss: the contract's loss (soft-target cross-entropy + brier_weight x multi-class Brier, target
