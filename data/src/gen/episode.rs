@@ -23,6 +23,8 @@ use super::rules::{Order, Progress, Status, Step, Task, Track, apply, next_step}
 use super::teacher::{TeacherView, teacher_probs};
 use crate::state::Candidate;
 
+pub mod env;
+
 /// Chance that a task carries an injected mistake, and that it carries a second one.
 const P_MISTAKE: f64 = 0.39;
 const P_SECOND_MISTAKE: f64 = 0.25;
@@ -235,19 +237,21 @@ fn stop_answer(step: Step) -> &'static str {
     }
 }
 
-struct Walker<'t> {
+struct Walker {
     rules: RulesVersion,
     seed: u64,
     index: u64,
-    task: &'t Task,
+    task: Task,
     history: Vec<String>,
     /// Order ids the context shows, in order of appearance.
     seen: Vec<u16>,
     after_error: bool,
     drafts: Vec<Draft>,
+    /// What the agent chose at each recorded state, in order (the history that led here).
+    choices: Vec<String>,
 }
 
-impl Walker<'_> {
+impl Walker {
     fn see(&mut self, num: u16) {
         if !self.seen.contains(&num) {
             self.seen.push(num);
@@ -264,8 +268,8 @@ impl Walker<'_> {
 
     fn answers(&self, p: &Progress, f: impl Fn(Step) -> String) -> (String, String) {
         (
-            f(next_step(RulesVersion::V1, self.task, p)),
-            f(next_step(RulesVersion::V2, self.task, p)),
+            f(next_step(RulesVersion::V1, &self.task, p)),
+            f(next_step(RulesVersion::V2, &self.task, p)),
         )
     }
 
@@ -350,7 +354,7 @@ impl Walker<'_> {
         debug_assert_eq!(own, answer);
         let next_tools: Vec<&str> = [RulesVersion::V1, RulesVersion::V2]
             .into_iter()
-            .filter_map(|r| match next_step(r, self.task, p) {
+            .filter_map(|r| match next_step(r, &self.task, p) {
                 Step::Call(tool) => Some(tool),
                 Step::Finish => None,
             })
@@ -376,7 +380,7 @@ impl Walker<'_> {
             }
         }
         let slice = (tool == "ask_customer")
-            .then(|| slice_action(self.task))
+            .then(|| slice_action(&self.task))
             .flatten();
         if let Some(action) = slice {
             must.push(action);
@@ -417,6 +421,17 @@ impl Walker<'_> {
 
 /// Walk one task under `rules`: its intent and every decision state on the way, in order.
 pub(crate) fn walk(rules: RulesVersion, seed: u64, index: u64) -> (Intent, Vec<Draft>) {
+    let (intent, drafts, _) = walk_traced(rules, seed, index);
+    (intent, drafts)
+}
+
+/// As [`walk`], with what the generator's agent chose at each state (the answer, or the injected
+/// mistake): the history an [`Episode`] replays to reach the same states.
+pub(crate) fn walk_traced(
+    rules: RulesVersion,
+    seed: u64,
+    index: u64,
+) -> (Intent, Vec<Draft>, Vec<String>) {
     let mut task_rng = rng_for(seed, index, SALT_TASK, 0);
     let task = sample_task(&mut task_rng);
     let (tools_v1, decisions_v1) = clean_plan(RulesVersion::V1, &task);
@@ -438,11 +453,12 @@ pub(crate) fn walk(rules: RulesVersion, seed: u64, index: u64) -> (Intent, Vec<D
         rules,
         seed,
         index,
-        task: &task,
+        task: task.clone(),
         history: vec![opening(&task)],
         seen: Vec::new(),
         after_error: false,
         drafts: Vec::new(),
+        choices: Vec::new(),
     };
     if task.intent.about_order() && !task.by_item {
         walker.see(target);
@@ -454,7 +470,8 @@ pub(crate) fn walk(rules: RulesVersion, seed: u64, index: u64) -> (Intent, Vec<D
         let tool = match next_step(rules, &task, &p) {
             Step::Finish => {
                 walker.push_stop(&p, FINISH);
-                return (task.intent, walker.drafts);
+                walker.choices.push(FINISH.into());
+                return (task.intent, walker.drafts, walker.choices);
             }
             Step::Call(tool) => tool,
         };
@@ -468,6 +485,9 @@ pub(crate) fn walk(rules: RulesVersion, seed: u64, index: u64) -> (Intent, Vec<D
                     .history
                     .push(call_line(FINISH, None, EARLY_FINISH_REPLY));
                 walker.after_error = true;
+                walker.choices.push(FINISH.into());
+            } else {
+                walker.choices.push(CONTINUE.into());
             }
         }
         walker.push_tool(&p, tool);
@@ -479,14 +499,17 @@ pub(crate) fn walk(rules: RulesVersion, seed: u64, index: u64) -> (Intent, Vec<D
             let others: Vec<&Order> = task.orders.iter().filter(|o| o.num != target).collect();
             if tool == "lookup_order" && p.listed && rng.random_bool(0.5) {
                 // The right tool on the wrong order: the agent picked another listed id.
+                walker.choices.push(tool.into());
                 walker.push_args(tool);
                 let other = pick(&mut rng, &others);
+                walker.choices.push(order_id(other.num));
                 walker
                     .history
                     .push(call_line(tool, Some(other.num), &order_facts(other, &task)));
                 walker.see(other.num);
             } else {
                 let wrong = wrong_tool(&mut rng, tool, &plan_tools);
+                walker.choices.push(wrong.into());
                 let on = tool_by_name(wrong).takes_order.then_some(target);
                 walker
                     .history
@@ -498,8 +521,10 @@ pub(crate) fn walk(rules: RulesVersion, seed: u64, index: u64) -> (Intent, Vec<D
             walker.after_error = true;
             continue;
         }
+        walker.choices.push(tool.into());
         if takes_order {
             walker.push_args(tool);
+            walker.choices.push(order_id(target));
             walker.see(target);
         }
         walker.history.push(call_line(

@@ -37,6 +37,7 @@ use crate::state::State;
 use episode::walk;
 
 pub use cli::GenStatesArgs;
+pub use episode::env::{End, Episode, Failure, MAX_STEPS, irreversible};
 
 /// Which rules the answer key follows. The versions differ only in the shipped-order rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,28 +140,41 @@ fn parse_task_id(task_id: &str) -> Option<(u64, u64)> {
 /// `{task_id}-{rules}-{n:02}`, unique even when both versions share a file.
 pub fn task_states(rules: RulesVersion, seed: u64, index: u64, split: &str) -> Vec<Generated> {
     let (intent, drafts) = walk(rules, seed, index);
-    let task_id = task_id(seed, index);
     drafts
-        .into_iter()
+        .iter()
         .enumerate()
-        .map(|(n, d)| Generated {
-            state: State {
-                id: format!("{task_id}-{rules}-{n:02}"),
-                task_id: task_id.clone(),
-                point: d.point.as_str().to_string(),
-                context: d.context,
-                candidates: d.candidates,
-                answer: Some(d.answer),
-                teacher: Some(d.teacher),
-                after_error: d.after_error,
-                rules: Some(rules.to_string()),
-                split: Some(split.to_string()),
-            },
-            intent: intent.name(),
-            answer_v1: d.answer_v1,
-            answer_v2: d.answer_v2,
-        })
+        .map(|(n, d)| generated(rules, seed, index, split, n, intent, d))
         .collect()
+}
+
+/// State `n` of a task, with its ids and annotations.
+fn generated(
+    rules: RulesVersion,
+    seed: u64,
+    index: u64,
+    split: &str,
+    n: usize,
+    intent: catalogue::Intent,
+    d: &episode::Draft,
+) -> Generated {
+    let task_id = task_id(seed, index);
+    Generated {
+        state: State {
+            id: format!("{task_id}-{rules}-{n:02}"),
+            task_id,
+            point: d.point.as_str().to_string(),
+            context: d.context.clone(),
+            candidates: d.candidates.clone(),
+            answer: Some(d.answer.clone()),
+            teacher: Some(d.teacher.clone()),
+            after_error: d.after_error,
+            rules: Some(rules.to_string()),
+            split: Some(split.to_string()),
+        },
+        intent: intent.name(),
+        answer_v1: d.answer_v1.clone(),
+        answer_v2: d.answer_v2.clone(),
+    }
 }
 
 /// All states of `opts.tasks` tasks, lazily, task by task.

@@ -491,3 +491,194 @@ fn rule_change_groups_match_the_other_versions_states() {
     }
     assert_eq!(seen.len(), 3, "every group occurs in 60 tasks: {seen:?}");
 }
+
+/// Drive an episode with `policy` (state → chosen id) to its end.
+fn drive(ep: &mut Episode, mut policy: impl FnMut(&Generated) -> String) -> End {
+    while let Some(g) = ep.state() {
+        let choice = policy(g);
+        ep.act(&choice).unwrap();
+    }
+    ep.end().unwrap()
+}
+
+#[test]
+fn an_episode_driven_by_the_answer_key_always_succeeds() {
+    for rules in [RulesVersion::V1, RulesVersion::V2] {
+        for index in 0..400 {
+            let mut ep = Episode::new(rules, 31, index, "test");
+            let end = drive(&mut ep, |g| g.state.answer.clone().unwrap());
+            assert_eq!(end, End::Success, "{rules} task {index}");
+            // The answer key's walk meets no error and stays well inside the budget.
+            let trajectory = ep.trajectory();
+            assert!(trajectory.iter().all(|g| !g.state.after_error));
+            assert!(ep.steps() < MAX_STEPS / 2, "{} steps", ep.steps());
+            assert_eq!(ep.choices().len(), ep.steps());
+        }
+    }
+}
+
+#[test]
+fn a_wrong_irreversible_action_always_fails_the_task() {
+    let mut tried = 0;
+    for rules in [RulesVersion::V1, RulesVersion::V2] {
+        for index in 0..300 {
+            // Follow the key to the first tool state offering an irreversible tool that is not
+            // the answer, then take it.
+            let mut ep = Episode::new(rules, 32, index, "test");
+            let mut wrong = None;
+            while let Some(g) = ep.state() {
+                let answer = g.state.answer.clone().unwrap();
+                let bad = (g.state.point == "tool")
+                    .then(|| {
+                        g.state
+                            .candidates
+                            .iter()
+                            .find(|c| irreversible(&c.id) && c.id != answer)
+                    })
+                    .flatten();
+                match bad {
+                    Some(c) => {
+                        wrong = Some(c.id.clone());
+                        ep.act(&c.id.clone()).unwrap();
+                        break;
+                    }
+                    None => ep.act(&answer).unwrap(),
+                }
+            }
+            if let Some(w) = wrong {
+                tried += 1;
+                assert_eq!(
+                    ep.end(),
+                    Some(End::Failure(Failure::IrreversibleTool)),
+                    "{rules} task {index}: {w}"
+                );
+                assert!(ep.state().is_none() && ep.act(&w).is_err());
+            }
+        }
+    }
+    assert!(
+        tried > 400,
+        "only {tried} episodes offered a wrong irreversible tool"
+    );
+
+    // The right irreversible tool on the wrong order fails too; a lookup on it costs a step.
+    let (mut wrong_order, mut wrong_lookup) = (0, 0);
+    for lookup in [false, true] {
+        for index in 0..300 {
+            let mut ep = Episode::new(RulesVersion::V1, 33, index, "test");
+            let mut last_tool = String::new();
+            while let Some(g) = ep.state() {
+                let s = &g.state;
+                let answer = s.answer.clone().unwrap();
+                let aim = if lookup {
+                    last_tool == "lookup_order"
+                } else {
+                    irreversible(&last_tool)
+                };
+                if s.point == "args" && aim {
+                    let other = s.candidates.iter().find(|c| c.id != answer).unwrap();
+                    let other = other.id.clone();
+                    ep.act(&other).unwrap();
+                    if lookup {
+                        wrong_lookup += 1;
+                        let next = ep.state().expect("a wrong lookup costs a step");
+                        assert!(next.state.after_error);
+                        let line = format!("tool lookup_order {other} ->");
+                        assert!(next.state.context.contains(&line), "{}", next.state.context);
+                    } else {
+                        wrong_order += 1;
+                        let end = ep.end();
+                        assert_eq!(end, Some(End::Failure(Failure::IrreversibleWrongOrder)));
+                    }
+                    break;
+                }
+                if s.point == "tool" {
+                    last_tool = answer.clone();
+                }
+                ep.act(&answer).unwrap();
+            }
+        }
+    }
+    assert!(
+        wrong_order > 50 && wrong_lookup > 50,
+        "{wrong_order} {wrong_lookup}"
+    );
+}
+
+#[test]
+fn finishing_early_fails_and_never_finishing_runs_out_of_steps() {
+    let mut early = 0;
+    for index in 0..200 {
+        let mut ep = Episode::new(RulesVersion::V2, 34, index, "test");
+        let end = drive(&mut ep, |g| {
+            let a = g.state.answer.clone().unwrap();
+            if g.state.point == "stop" && a == "continue" {
+                "finish".into()
+            } else {
+                a
+            }
+        });
+        if ep
+            .trajectory()
+            .iter()
+            .any(|g| g.state.answer.as_deref() == Some("continue"))
+        {
+            early += 1;
+            assert_eq!(end, End::Failure(Failure::PrematureFinish), "task {index}");
+        } else {
+            assert_eq!(end, End::Success);
+        }
+        let mut ep = Episode::new(RulesVersion::V2, 34, index, "test");
+        let end = drive(&mut ep, |g| {
+            let a = g.state.answer.clone().unwrap();
+            if a == "finish" { "continue".into() } else { a }
+        });
+        assert_eq!(end, End::Failure(Failure::StepBudget));
+        assert_eq!(ep.steps(), MAX_STEPS);
+        assert!(ep.trajectory().last().unwrap().state.after_error);
+    }
+    assert!(early > 50, "{early}");
+}
+
+#[test]
+fn the_environment_shows_the_states_gen_states_records_for_the_same_history() {
+    let (mut full, mut cut) = (0, 0);
+    for rules in [RulesVersion::V1, RulesVersion::V2] {
+        let opts = opts(rules, 500, 7);
+        for index in 0..500u64 {
+            let split = opts.splits.split_of_task(&task_id(7, index));
+            let recorded = task_states(rules, 7, index, split.as_str());
+            let (_, drafts, choices) = episode::walk_traced(rules, 7, index);
+            assert_eq!(drafts.len(), recorded.len());
+            assert_eq!(choices.len(), recorded.len(), "one choice per state");
+            let mut ep = Episode::new(rules, 7, index, split.as_str());
+            let mut n = 0;
+            while let Some(g) = ep.state() {
+                assert_eq!(g, &recorded[n], "{rules} task {index} state {n}");
+                ep.act(&choices[n]).unwrap();
+                n += 1;
+            }
+            if n == recorded.len() {
+                full += 1;
+                assert_eq!(ep.end(), Some(End::Success), "{rules} task {index}");
+            } else {
+                // The generator's agent survives mistakes the environment does not forgive:
+                // a premature finish, an irreversible wrong tool.
+                cut += 1;
+                let fatal = &choices[n - 1];
+                match ep.end() {
+                    Some(End::Failure(Failure::PrematureFinish)) => assert_eq!(fatal, "finish"),
+                    Some(End::Failure(Failure::IrreversibleTool)) => {
+                        assert!(irreversible(fatal), "{fatal}")
+                    }
+                    other => panic!("{rules} task {index}: ended {other:?} at state {n}"),
+                }
+            }
+        }
+    }
+    // Most recorded histories replay to the end, mistakes included.
+    assert!(
+        full > 800 && cut > 20,
+        "{full} replayed in full, {cut} cut short"
+    );
+}
