@@ -6,6 +6,7 @@
 //! Writing: [`StateWriter`] / [`write_states`] (format by extension, atomic).
 
 pub mod atomic;
+pub mod calibration;
 pub mod cli;
 /// Synthetic decision states (`decision gen states`); `gen` is a reserved word in edition 2024.
 pub mod r#gen;

@@ -32,10 +32,11 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
+use super::parquet_io::empty_receipt;
+use super::rules::{FieldError, Flat, JSON_NAMES, check_pick_offered, err, observed, probability};
 use super::{OutcomePatterns, Shape};
 use crate::states_io::BadRow;
-pub(super) use crate::states_io::FieldError;
-use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
+use crate::{Fallback, Receipt, ReceiptResult, Shadow, Validation};
 
 /// Every key either shape may carry, unparsed.
 #[derive(Deserialize)]
@@ -80,13 +81,6 @@ struct RawLine<'a> {
     decision: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "expectedCandidateId")]
     expected_candidate_id: Option<&'a RawValue>,
-}
-
-fn err<T>(field: &str, reason: impl Into<String>) -> Result<T, FieldError> {
-    Err(FieldError {
-        field: field.to_string(),
-        reason: reason.into(),
-    })
 }
 
 /// A JSON `null` counts as absent.
@@ -139,53 +133,12 @@ fn non_empty(s: String, field: &str) -> Result<String, FieldError> {
     }
 }
 
-fn probability(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, FieldError> {
+fn json_probability(raw: Option<&RawValue>, field: &str) -> Result<Option<f64>, FieldError> {
     let v: Option<f64> = opt(raw, field, "a number")?;
-    if let Some(c) = v
-        && !(c.is_finite() && (0.0..=1.0).contains(&c))
-    {
-        return err(field, format!("{c} is outside [0, 1]"));
+    if let Some(c) = v {
+        probability(c, field)?;
     }
     Ok(v)
-}
-
-/// `[a-z][a-z0-9_]*`, as contracts section 1 names decision points.
-pub(super) fn valid_point(p: &str) -> bool {
-    let mut b = p.bytes();
-    matches!(b.next(), Some(b'a'..=b'z'))
-        && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
-}
-
-/// A pick must name an offered candidate unless the host rejected it as out of set.
-pub(super) fn check_pick_offered(r: &Receipt, field: &str) -> Result<(), FieldError> {
-    if let ReceiptResult::Pick { id, .. } = &r.result
-        && r.validation != Validation::RejectedOutOfSet
-        && !r.candidates.iter().any(|c| c == id)
-    {
-        return err(
-            field,
-            format!(
-                "picked {id:?}, which was not offered, yet validation is {}",
-                r.validation.as_str()
-            ),
-        );
-    }
-    Ok(())
-}
-
-fn map_observed(
-    text: Option<String>,
-    outcome: Option<Outcome>,
-    patterns: &OutcomePatterns,
-) -> Option<Outcome> {
-    outcome.or_else(|| {
-        let status = patterns.classify(text.as_deref()?)?;
-        Some(Outcome {
-            status,
-            duration_ms: None,
-            retries: None,
-        })
-    })
 }
 
 /// Parse one line (without its newline). Blank lines are the caller's business.
@@ -260,16 +213,12 @@ fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue, field: &str) -> Result<T, F
     })
 }
 
+/// The harness record: JSON types and nesting are read here, the values then go through the
+/// one rule set ([`Flat::fill`]) the Parquet reader uses too.
 fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldError> {
-    let id = non_empty(req(raw.id, "id", "a string")?, "id")?;
+    let id: String = req(raw.id, "id", "a string")?;
     let at: String = req(raw.at, "at", "a string")?;
-    if DateTime::parse_from_rfc3339(&at).is_err() {
-        return err("at", format!("{at:?} is not an RFC 3339 time"));
-    }
     let point: String = req(raw.point, "point", "a string")?;
-    if !valid_point(&point) {
-        return err("point", format!("{point:?} does not match [a-z][a-z0-9_]*"));
-    }
     let model: Option<String> = opt(raw.model, "model", "a string")?;
     let candidates: Vec<String> = req(raw.candidates, "candidates", "a list of candidate ids")?;
 
@@ -278,90 +227,63 @@ fn contract(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, Fi
     };
     let res: ContractResult<'_> = object(result_raw, "result")?;
     let kind: String = req(res.kind, "result.kind", "a string")?;
-    let result = match kind.as_str() {
-        "pick" => {
-            let id: String = req(res.id, "result.id", "a string")?;
-            let Some(confidence) = probability(res.confidence, "result.confidence")? else {
-                return err("result.confidence", "missing");
-            };
-            ReceiptResult::Pick { id, confidence }
-        }
-        "abstain" => ReceiptResult::Abstain,
-        other => {
-            return err(
-                "result.kind",
-                format!("unknown value {other:?} (expected pick or abstain)"),
-            );
-        }
-    };
+    let result_id: Option<String> = opt(res.id, "result.id", "a string")?;
+    let confidence: Option<f64> = opt(res.confidence, "result.confidence", "a number")?;
+    let validation: String = req(raw.validation, "validation", "a string")?;
 
-    let validation_s: String = req(raw.validation, "validation", "a string")?;
-    let Some(validation) = Validation::parse(&validation_s) else {
-        return err("validation", format!("unknown value {validation_s:?}"));
-    };
-
-    let fallback = match present(raw.fallback) {
-        None => None,
-        Some(f) => {
-            let f: ContractFallback<'_> = object(f, "fallback")?;
-            Some(Fallback {
-                used: req(f.used, "fallback.used", "true or false")?,
-                to: opt(f.to, "fallback.to", "a string")?,
-                reason: opt(f.reason, "fallback.reason", "a string")?,
-            })
-        }
-    };
-
-    let outcome = match present(raw.outcome) {
-        None => None,
-        Some(o) => {
-            let o: ContractOutcome<'_> = object(o, "outcome")?;
-            let s: String = req(o.status, "outcome.status", "a string")?;
-            let Some(status) = OutcomeStatus::parse(&s) else {
-                return err(
-                    "outcome.status",
-                    format!("unknown value {s:?} (expected success, failure or abandoned)"),
-                );
-            };
-            Some(Outcome {
-                status,
-                duration_ms: opt(
-                    o.duration_ms,
-                    "outcome.durationMs",
-                    "a non-negative integer",
-                )?,
-                retries: opt(o.retries, "outcome.retries", "a non-negative integer")?,
-            })
-        }
-    };
-
-    let shadow = match present(raw.shadow) {
+    let (mut fallback_used, mut fallback_to, mut fallback_reason) = (None, None, None);
+    if let Some(f) = present(raw.fallback) {
+        let f: ContractFallback<'_> = object(f, "fallback")?;
+        fallback_used = Some(req::<bool>(f.used, "fallback.used", "true or false")?);
+        fallback_to = opt::<String>(f.to, "fallback.to", "a string")?;
+        fallback_reason = opt::<String>(f.reason, "fallback.reason", "a string")?;
+    }
+    let (mut status, mut duration_ms, mut retries) = (None, None, None);
+    if let Some(o) = present(raw.outcome) {
+        let o: ContractOutcome<'_> = object(o, "outcome")?;
+        status = Some(req::<String>(o.status, "outcome.status", "a string")?);
+        duration_ms = opt::<i128>(o.duration_ms, "outcome.durationMs", "an integer")?;
+        retries = opt::<i128>(o.retries, "outcome.retries", "an integer")?;
+    }
+    let reference = match present(raw.shadow) {
         None => None,
         Some(s) => {
             let s: ContractShadow<'_> = object(s, "shadow")?;
-            Some(Shadow {
-                reference: req(s.reference, "shadow.reference", "a string")?,
-            })
+            Some(req::<String>(s.reference, "shadow.reference", "a string")?)
         }
     };
     let observed_outcome: Option<String> =
         opt(raw.observed_outcome, "observedOutcome", "a string")?;
-    let outcome = map_observed(observed_outcome.clone(), outcome, patterns);
 
-    let r = Receipt {
-        id,
-        at,
-        point,
-        model,
-        candidates,
-        result,
-        validation,
-        fallback,
-        outcome,
-        shadow,
-        observed_outcome,
+    let flat = Flat {
+        id: Some(&id),
+        at: Some(&at),
+        at_is_timestamp: false,
+        point: Some(&point),
+        model: model.as_deref(),
+        result_kind: Some(&kind),
+        result_id: result_id.as_deref(),
+        confidence,
+        validation: Some(&validation),
+        fallback_used,
+        fallback_to: fallback_to.as_deref(),
+        fallback_reason: fallback_reason.as_deref(),
+        outcome_status: status.as_deref(),
+        duration_ms,
+        retries,
+        shadow_reference: reference.as_deref(),
+        observed_outcome: observed_outcome.as_deref(),
     };
-    check_pick_offered(&r, "result.id")?;
+    let mut r = empty_receipt();
+    flat.fill(
+        &JSON_NAMES,
+        &mut r,
+        |c| {
+            *c = candidates;
+            Ok(())
+        },
+        patterns,
+    )?;
     Ok(r)
 }
 
@@ -435,8 +357,8 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
         })
         .collect();
 
-    let confidence = probability(raw.confidence, "confidence")?;
-    let selected_probability = probability(raw.selected_probability, "selectedProbability")?;
+    let confidence = json_probability(raw.confidence, "confidence")?;
+    let selected_probability = json_probability(raw.selected_probability, "selectedProbability")?;
 
     let Some(result_raw) = present(raw.result) else {
         return err("result", "missing");
@@ -502,7 +424,7 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
 
     let observed_outcome: Option<String> =
         opt(raw.observed_outcome, "observedOutcome", "a string")?;
-    let outcome = map_observed(observed_outcome.clone(), None, patterns);
+    let outcome = observed(observed_outcome.as_deref(), patterns);
 
     let r = Receipt {
         id,

@@ -16,6 +16,7 @@ mod dedup;
 mod line;
 mod outcome;
 mod parquet_io;
+mod rules;
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -80,16 +81,6 @@ pub struct ReadSummary {
 /// order, hidden files skipped); an unknown extension is an error. (The states reader's rule.)
 pub fn receipt_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     expand_paths(paths)
-}
-
-/// Parse one JSON Lines record (either shape) without its newline.
-pub fn parse_receipt_line(
-    line: &[u8],
-    file: &Arc<PathBuf>,
-    row: u64,
-    patterns: &OutcomePatterns,
-) -> std::result::Result<(Receipt, Shape), BadRow> {
-    line::parse_line(line, patterns).map_err(|e| line::bad(file, row, e, line))
 }
 
 /// Feeds every byte read into a hash.
@@ -248,7 +239,6 @@ fn read_all(
                 let mut good = 0u64;
                 let read = parquet_io::read_parquet(
                     path,
-                    None,
                     &opts.outcome,
                     seen.as_deref_mut(),
                     &mut tick,
@@ -273,19 +263,6 @@ fn read_all(
     pb.finish_and_clear();
     s.sha256 = hex_lower(&hash.finalize());
     Ok(s)
-}
-
-/// Read the given consecutive row groups of one Parquet receipts file (for splitting a large
-/// file across threads; each part's state is merged afterwards). Returns (records, bad).
-pub fn for_each_receipt_in_row_groups(
-    path: &Path,
-    row_groups: Vec<usize>,
-    outcome: &OutcomePatterns,
-    mut f: impl FnMut(std::result::Result<&Receipt, &BadRow>) -> Result<()>,
-) -> Result<(u64, u64)> {
-    let read =
-        parquet_io::read_parquet(path, Some(row_groups), outcome, None, &mut |_| {}, &mut f)?;
-    Ok((read.rows, read.bad))
 }
 
 /// SHA-256 of the files' bytes concatenated in order.

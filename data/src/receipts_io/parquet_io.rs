@@ -35,10 +35,10 @@ use serde_json::{Map, Value, json};
 
 use super::OutcomePatterns;
 use super::dedup::{Seen, SeenIds, conflict_error};
-use super::line::{FieldError, check_pick_offered, valid_point};
+use super::rules::{FieldError, Flat, PARQUET_NAMES};
 use crate::atomic::AtomicFile;
 use crate::states_io::{BadRow, guard_parquet};
-use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
+use crate::{Receipt, ReceiptResult, Validation};
 
 const COLUMNS: [&str; 17] = [
     "id",
@@ -602,177 +602,57 @@ impl<'a> Cols<'a> {
     }
 }
 
-fn set(dst: &mut String, src: &str) {
-    dst.clear();
-    dst.push_str(src);
-}
-
-fn set_opt(dst: &mut Option<String>, src: Option<&str>) {
-    match (dst.as_mut(), src) {
-        (Some(d), Some(s)) => set(d, s),
-        (None, Some(s)) => *dst = Some(s.to_string()),
-        (_, None) => *dst = None,
-    }
-}
-
-fn ferr(field: &str, reason: impl Into<String>) -> FieldError {
-    FieldError::new(field, reason)
-}
-
-/// Fill `r` (reusing its allocations) from row `i`.
-fn req<'a>(col: &StrCol<'a>, i: usize, name: &str) -> Result<&'a str, FieldError> {
-    col.get(i).ok_or_else(|| ferr(name, "missing"))
-}
-
+/// Fill `r` (reusing its allocations) from row `i`, through the one rule set
+/// ([`Flat::fill`]) JSON Lines records go through too; `at_buf` holds a timestamp's text.
 fn fill(
     cols: &Cols<'_>,
     i: usize,
     r: &mut Receipt,
+    at_buf: &mut String,
     patterns: &OutcomePatterns,
 ) -> Result<(), FieldError> {
-    let id = req(&cols.id, i, "id")?;
-    if id.is_empty() {
-        return Err(ferr("id", "empty"));
-    }
-    set(&mut r.id, id);
-    let from_ts = cols
-        .at
-        .get(i, &mut r.at)
-        .ok_or_else(|| ferr("at", "missing"))?;
-    if !from_ts && DateTime::parse_from_rfc3339(&r.at).is_err() {
-        return Err(ferr("at", format!("{:?} is not an RFC 3339 time", r.at)));
-    }
-    let point = req(&cols.point, i, "point")?;
-    if !valid_point(point) {
-        return Err(ferr(
-            "point",
-            format!("{point:?} does not match [a-z][a-z0-9_]*"),
-        ));
-    }
-    set(&mut r.point, point);
-    set_opt(&mut r.model, cols.model.get(i));
-
-    let n = cols
-        .candidates
-        .len(i)
-        .ok_or_else(|| ferr("candidates", "missing"))?;
-    r.candidates.truncate(n);
-    for k in 0..n {
-        let c = cols
-            .candidates
-            .item(i, k)
-            .ok_or_else(|| ferr("candidates", format!("item {} is null", k + 1)))?;
-        match r.candidates.get_mut(k) {
-            Some(d) => set(d, c),
-            None => r.candidates.push(c.to_string()),
-        }
-    }
-
-    let kind = req(&cols.result_kind, i, "result_kind")?;
-    match kind {
-        "pick" => {
-            let pid = cols
-                .result_id
-                .get(i)
-                .ok_or_else(|| ferr("result_id", "missing"))?;
-            let c = cols
-                .confidence
-                .get(i)
-                .ok_or_else(|| ferr("confidence", "missing"))?;
-            if !(c.is_finite() && (0.0..=1.0).contains(&c)) {
-                return Err(ferr("confidence", format!("{c} is outside [0, 1]")));
-            }
-            match &mut r.result {
-                ReceiptResult::Pick { id, confidence } => {
-                    set(id, pid);
-                    *confidence = c;
-                }
-                ReceiptResult::Abstain => {
-                    r.result = ReceiptResult::Pick {
-                        id: pid.to_string(),
-                        confidence: c,
-                    }
-                }
-            }
-        }
-        "abstain" => r.result = ReceiptResult::Abstain,
-        other => {
-            return Err(ferr(
-                "result_kind",
-                format!("unknown value {other:?} (expected pick or abstain)"),
-            ));
-        }
-    }
-
-    let v = req(&cols.validation, i, "validation")?;
-    r.validation =
-        Validation::parse(v).ok_or_else(|| ferr("validation", format!("unknown value {v:?}")))?;
-
-    r.fallback = cols.fallback_used.get(i).map(|used| Fallback {
-        used,
-        to: cols.fallback_to.get(i).map(str::to_string),
-        reason: cols.fallback_reason.get(i).map(str::to_string),
-    });
-
-    let duration = cols.outcome_duration_ms.get(i);
-    let retries = cols.outcome_retries.get(i);
-    r.outcome = match cols.outcome_status.get(i) {
-        None if duration.is_some() || retries.is_some() => {
-            return Err(ferr(
-                "outcome_status",
-                "missing while outcome_duration_ms / outcome_retries are set",
-            ));
-        }
-        None => None,
-        Some(s) => {
-            let status = OutcomeStatus::parse(s).ok_or_else(|| {
-                ferr(
-                    "outcome_status",
-                    format!("unknown value {s:?} (expected success, failure or abandoned)"),
-                )
-            })?;
-            let duration_ms = match duration {
-                None => None,
-                Some(d) => Some(
-                    u64::try_from(d)
-                        .map_err(|_| ferr("outcome_duration_ms", format!("{d} is negative")))?,
-                ),
-            };
-            let retries = match retries {
-                None => None,
-                Some(d) => Some(
-                    u32::try_from(d)
-                        .map_err(|_| ferr("outcome_retries", format!("{d} is out of range")))?,
-                ),
-            };
-            Some(Outcome {
-                status,
-                duration_ms,
-                retries,
-            })
-        }
+    let at_is_timestamp = cols.at.get(i, at_buf);
+    let flat = Flat {
+        id: cols.id.get(i),
+        at: at_is_timestamp.map(|_| at_buf.as_str()),
+        at_is_timestamp: at_is_timestamp == Some(true),
+        point: cols.point.get(i),
+        model: cols.model.get(i),
+        result_kind: cols.result_kind.get(i),
+        result_id: cols.result_id.get(i),
+        confidence: cols.confidence.get(i),
+        validation: cols.validation.get(i),
+        fallback_used: cols.fallback_used.get(i),
+        fallback_to: cols.fallback_to.get(i),
+        fallback_reason: cols.fallback_reason.get(i),
+        outcome_status: cols.outcome_status.get(i),
+        duration_ms: cols.outcome_duration_ms.get(i),
+        retries: cols.outcome_retries.get(i),
+        shadow_reference: cols.shadow_reference.get(i),
+        observed_outcome: cols.observed_outcome.get(i),
     };
-    match (r.shadow.as_mut(), cols.shadow_reference.get(i)) {
-        (Some(s), Some(v)) => set(&mut s.reference, v),
-        (None, Some(v)) => {
-            r.shadow = Some(Shadow {
-                reference: v.to_string(),
-            })
+    let candidates = |out: &mut Vec<String>| {
+        let n = cols
+            .candidates
+            .len(i)
+            .ok_or_else(|| FieldError::new("candidates", "missing"))?;
+        out.truncate(n);
+        for k in 0..n {
+            let c = cols
+                .candidates
+                .item(i, k)
+                .ok_or_else(|| FieldError::new("candidates", format!("item {} is null", k + 1)))?;
+            match out.get_mut(k) {
+                Some(d) => {
+                    d.clear();
+                    d.push_str(c);
+                }
+                None => out.push(c.to_string()),
+            }
         }
-        (_, None) => r.shadow = None,
-    }
-    set_opt(&mut r.observed_outcome, cols.observed_outcome.get(i));
-    if r.outcome.is_none()
-        && let Some(text) = &r.observed_outcome
-        && let Some(status) = patterns.classify(text)
-    {
-        r.outcome = Some(Outcome {
-            status,
-            duration_ms: None,
-            retries: None,
-        });
-    }
-    check_pick_offered(r, "result_id")
+        Ok(())
+    };
+    flat.fill(&PARQUET_NAMES, r, candidates, patterns)
 }
 
 pub(super) fn empty_receipt() -> Receipt {
@@ -814,12 +694,10 @@ pub(super) struct ParquetRead {
     pub duplicates: u64,
 }
 
-/// Read the given row groups (all when `None`) of a Parquet receipts file, calling `f` for every
-/// row in order (row numbers, 1-based, count from the start of the file). With `seen`, a row
+/// Read a Parquet receipts file, calling `f` for every row in order (row numbers 1-based). With `seen`, a row
 /// whose id was read before is dropped (same body) or bad (another body), see [`SeenIds`].
 pub(super) fn read_parquet(
     path: &Path,
-    row_groups: Option<Vec<usize>>,
     patterns: &OutcomePatterns,
     mut seen: Option<&mut SeenIds>,
     progress: &mut dyn FnMut(u64),
@@ -851,24 +729,9 @@ pub(super) fn read_parquet(
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let md = builder.metadata().clone();
     let pages = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    crate::parquet_pages::check_pages(&pages, &md, row_groups.as_deref())
+    crate::parquet_pages::check_pages(&pages, &md, None)
         .with_context(|| format!("reading {} as Parquet", path.display()))?;
-    let mut row: u64 = match &row_groups {
-        Some(groups) => groups
-            .first()
-            .map(|&g| {
-                (0..g)
-                    .map(|k| md.row_group(k).num_rows().max(0) as u64)
-                    .sum::<u64>()
-            })
-            .unwrap_or(0),
-        None => 0,
-    };
-    if let Some(groups) = &row_groups
-        && groups.windows(2).any(|w| w[1] != w[0] + 1)
-    {
-        bail!("row groups must be consecutive");
-    }
+    let mut row: u64 = 0;
     // The footer's row count is the file's claim, not a fact: a corrupt one claiming 2^40 rows
     // asked for a 37 TB table (found with `decision-fuzz receipts-parquet`). No more than one id
     // per byte of the file is reserved up front; the table grows past that if it must.
@@ -876,14 +739,12 @@ pub(super) fn read_parquet(
         let claimed = md.file_metadata().num_rows().max(0) as u64;
         s.reserve_first(claimed.min(file_len) as usize);
     }
-    let mut builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
-    if let Some(groups) = row_groups {
-        builder = builder.with_row_groups(groups);
-    }
+    let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
     let mut reader = guard_parquet(|| builder.build())
         .and_then(|r| Ok(r?))
         .with_context(|| format!("reading {}", path.display()))?;
     let mut r = empty_receipt();
+    let mut at_buf = String::new();
     let mut n = ParquetRead {
         rows: 0,
         bad: 0,
@@ -897,7 +758,7 @@ pub(super) fn read_parquet(
         for i in 0..batch.num_rows() {
             row += 1;
             n.rows += 1;
-            match fill(&cols, i, &mut r, patterns) {
+            match fill(&cols, i, &mut r, &mut at_buf, patterns) {
                 Ok(()) => match seen.as_deref_mut().map_or(Seen::New, |s| s.check(&r)) {
                     Seen::New => f(Ok(&r))?,
                     Seen::Duplicate => n.duplicates += 1,

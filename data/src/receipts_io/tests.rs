@@ -323,6 +323,221 @@ fn unknown_extension_and_missing_columns_are_errors() {
     fs::write(&p, "id\n").unwrap();
     let e = read_receipts(&[p], &ReadOptions::default()).unwrap_err();
     assert!(format!("{e:#}").contains("unknown format"), "{e:#}");
+
+    // A Parquet file of receipts' columns but for `validation`: the file is refused, naming it.
+    let p = dir.path().join("no-validation.parquet");
+    write_receipts(&p, &sample()).unwrap();
+    let batch = parquet_batch(&p);
+    let keep: Vec<usize> = (0..batch.num_columns())
+        .filter(|&i| batch.schema().field(i).name() != "validation")
+        .collect();
+    write_batch(&p, &batch.project(&keep).unwrap());
+    let e = read_receipts(&[p], &ReadOptions::default()).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("column `validation` is missing"),
+        "{e:#}"
+    );
+}
+
+fn parquet_batch(path: &std::path::Path) -> arrow_array::RecordBatch {
+    let f = fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut batches: Vec<_> = reader.map(Result::unwrap).collect();
+    assert_eq!(batches.len(), 1, "a small file reads as one batch");
+    batches.remove(0)
+}
+
+fn write_batch(path: &std::path::Path, batch: &arrow_array::RecordBatch) {
+    let f = fs::File::create(path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+/// The encodings other writers use and the module says it reads: large strings and string
+/// views, a large list of candidates, `at` as a timestamp of each unit, a 32-bit float
+/// confidence, 32- and 64-bit, signed and unsigned integers, a column of nulls and an absent
+/// optional column. Each file must read as the receipts it was made from.
+#[test]
+fn parquet_reads_the_encodings_other_writers_use() {
+    use arrow_array::types::{
+        TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+        TimestampSecondType,
+    };
+    use arrow_array::{
+        ArrayRef, Float32Array, Int32Array, Int64Array, LargeListArray, LargeStringArray,
+        NullArray, PrimitiveArray, RecordBatch, StringArray, StringViewArray, UInt32Array,
+        UInt64Array,
+    };
+    use std::sync::Arc;
+
+    const NOON: i64 = 1_764_504_000; // 2025-11-30T12:00:00Z
+    let dir = tempfile::tempdir().unwrap();
+    for (k, unit) in ["s", "ms", "us", "ns"].into_iter().enumerate() {
+        // Row 2 is a quarter second later (one second for the second-resolution column).
+        let scale = [1, 1_000, 1_000_000, 1_000_000_000][k];
+        let later = if k == 0 { scale } else { scale / 4 };
+        let times = vec![NOON * scale, NOON * scale + later];
+        let at: ArrayRef = match unit {
+            "s" => {
+                Arc::new(PrimitiveArray::<TimestampSecondType>::from(times).with_timezone("UTC"))
+            }
+            "ms" => Arc::new(
+                PrimitiveArray::<TimestampMillisecondType>::from(times).with_timezone("UTC"),
+            ),
+            "us" => Arc::new(
+                PrimitiveArray::<TimestampMicrosecondType>::from(times).with_timezone("UTC"),
+            ),
+            _ => Arc::new(PrimitiveArray::<TimestampNanosecondType>::from(times)),
+        };
+        let values: ArrayRef = Arc::new(LargeStringArray::from(vec!["a", "b", "x"]));
+        let candidates = LargeListArray::new(
+            Arc::new(arrow_schema::Field::new(
+                "item",
+                arrow_schema::DataType::LargeUtf8,
+                true,
+            )),
+            arrow_buffer::OffsetBuffer::new(vec![0i64, 2, 3].into()),
+            values,
+            None,
+        );
+        let (duration, retries): (ArrayRef, ArrayRef) = if k % 2 == 0 {
+            (
+                Arc::new(Int32Array::from(vec![Some(1200), None])),
+                Arc::new(UInt32Array::from(vec![Some(2), None])),
+            )
+        } else {
+            (
+                Arc::new(UInt64Array::from(vec![Some(1200), None])),
+                Arc::new(Int64Array::from(vec![Some(2), None])),
+            )
+        };
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("id", Arc::new(LargeStringArray::from(vec!["p1", "p2"]))),
+            ("at", at),
+            (
+                "point",
+                Arc::new(StringViewArray::from(vec!["tool", "route"])),
+            ),
+            ("candidates", Arc::new(candidates)),
+            (
+                "result_kind",
+                Arc::new(StringArray::from(vec!["pick", "abstain"])),
+            ),
+            (
+                "result_id",
+                Arc::new(StringViewArray::from(vec![Some("a"), None])),
+            ),
+            (
+                "confidence",
+                Arc::new(Float32Array::from(vec![Some(0.75), None])),
+            ),
+            (
+                "validation",
+                Arc::new(LargeStringArray::from(vec!["accepted", "rejected-stale"])),
+            ),
+            ("fallback_used", Arc::new(NullArray::new(2))),
+            (
+                "outcome_status",
+                Arc::new(StringArray::from(vec![Some("success"), None])),
+            ),
+            ("outcome_duration_ms", duration),
+            ("outcome_retries", retries),
+        ];
+        let p = dir.path().join(format!("{unit}.parquet"));
+        let columns = columns.into_iter().map(|(name, a)| (name, a, true));
+        write_batch(&p, &RecordBatch::try_from_iter_with_nullable(columns).unwrap());
+        let (good, bad, _) = read_receipts(&[p], &ReadOptions::default()).unwrap();
+        assert!(bad.is_empty(), "{unit}: {bad:?}");
+        let second_at = if k == 0 {
+            "2025-11-30T12:00:01Z"
+        } else {
+            "2025-11-30T12:00:00.250Z"
+        };
+        let want = vec![
+            Receipt {
+                id: "p1".into(),
+                at: "2025-11-30T12:00:00Z".into(),
+                point: "tool".into(),
+                model: None,
+                candidates: vec!["a".into(), "b".into()],
+                result: ReceiptResult::Pick {
+                    id: "a".into(),
+                    confidence: 0.75,
+                },
+                validation: Validation::Accepted,
+                fallback: None,
+                outcome: Some(Outcome {
+                    status: OutcomeStatus::Success,
+                    duration_ms: Some(1200),
+                    retries: Some(2),
+                }),
+                shadow: None,
+                observed_outcome: None,
+            },
+            Receipt {
+                id: "p2".into(),
+                at: second_at.into(),
+                point: "route".into(),
+                model: None,
+                candidates: vec!["x".into()],
+                result: ReceiptResult::Abstain,
+                validation: Validation::RejectedStale,
+                fallback: None,
+                outcome: None,
+                shadow: None,
+                observed_outcome: None,
+            },
+        ];
+        assert_eq!(good, want, "{unit}");
+    }
+}
+
+/// One rule set for both formats: the same bad values are refused with the same reasons,
+/// whether a JSON Lines record or a Parquet row carries them.
+#[test]
+fn json_lines_and_parquet_refuse_the_same_values_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = sample().into_iter().last().unwrap();
+    let mut cases: Vec<(Receipt, &str, &str)> = Vec::new();
+    let mut r = base.clone();
+    r.id = String::new();
+    cases.push((r, "id", "empty"));
+    let mut r = base.clone();
+    r.at = "yesterday".into();
+    cases.push((r, "at", "is not an RFC 3339 time"));
+    let mut r = base.clone();
+    r.point = "Tool".into();
+    cases.push((r, "point", "does not match"));
+    let mut r = base.clone();
+    r.result = ReceiptResult::Pick {
+        id: "o1".into(),
+        confidence: 1.5,
+    };
+    cases.push((r, "confidence", "1.5 is outside [0, 1]"));
+    let mut r = base.clone();
+    r.result = ReceiptResult::Pick {
+        id: "zz".into(),
+        confidence: 0.5,
+    };
+    cases.push((r, "id", "which was not offered"));
+    for (i, (r, field, reason)) in cases.iter().enumerate() {
+        let mut reasons = Vec::new();
+        for ext in ["jsonl", "parquet"] {
+            let p = dir.path().join(format!("case{i}.{ext}"));
+            write_receipts(&p, std::slice::from_ref(r)).unwrap();
+            let (good, bad, _) = read_receipts(&[p], &ReadOptions::default()).unwrap();
+            assert!(good.is_empty(), "case {i} {ext}: read as good");
+            let e = &bad[0].errors[0];
+            assert!(e.field.ends_with(field), "case {i} {ext}: {e:?}");
+            assert!(e.reason.contains(reason), "case {i} {ext}: {e:?}");
+            reasons.push(e.reason.clone());
+        }
+        assert_eq!(reasons[0], reasons[1], "case {i}");
+    }
 }
 
 #[test]

@@ -1,0 +1,251 @@
+//! The receipt rules of the contract's record (section 3), applied once for every format: a JSON
+//! Lines harness record and a Parquet row are each read into a [`Flat`] (their values, typed but
+//! unchecked) and go through [`Flat::fill`], so the two formats cannot drift apart. keel's shape
+//! has its own vocabulary (in `line.rs`) and shares the value rules below ([`probability`],
+//! [`check_pick_offered`], [`observed`]).
+
+use chrono::DateTime;
+
+use super::OutcomePatterns;
+pub(super) use crate::states_io::FieldError;
+use crate::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};
+
+/// How a format names the fields that are nested in JSON and flattened in Parquet.
+pub(super) struct Names {
+    pub result_kind: &'static str,
+    pub result_id: &'static str,
+    pub confidence: &'static str,
+    pub outcome_status: &'static str,
+    pub duration_ms: &'static str,
+    pub retries: &'static str,
+}
+
+pub(super) const JSON_NAMES: Names = Names {
+    result_kind: "result.kind",
+    result_id: "result.id",
+    confidence: "result.confidence",
+    outcome_status: "outcome.status",
+    duration_ms: "outcome.durationMs",
+    retries: "outcome.retries",
+};
+
+pub(super) const PARQUET_NAMES: Names = Names {
+    result_kind: "result_kind",
+    result_id: "result_id",
+    confidence: "confidence",
+    outcome_status: "outcome_status",
+    duration_ms: "outcome_duration_ms",
+    retries: "outcome_retries",
+};
+
+/// One contract record's values as read, absent (`None`) where the format had none.
+#[derive(Default)]
+pub(super) struct Flat<'a> {
+    pub id: Option<&'a str>,
+    pub at: Option<&'a str>,
+    /// `at` came from a timestamp column: valid by type.
+    pub at_is_timestamp: bool,
+    pub point: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub result_kind: Option<&'a str>,
+    pub result_id: Option<&'a str>,
+    pub confidence: Option<f64>,
+    pub validation: Option<&'a str>,
+    pub fallback_used: Option<bool>,
+    pub fallback_to: Option<&'a str>,
+    pub fallback_reason: Option<&'a str>,
+    pub outcome_status: Option<&'a str>,
+    pub duration_ms: Option<i128>,
+    pub retries: Option<i128>,
+    pub shadow_reference: Option<&'a str>,
+    pub observed_outcome: Option<&'a str>,
+}
+
+pub(super) fn err<T>(field: &str, reason: impl Into<String>) -> Result<T, FieldError> {
+    Err(FieldError::new(field, reason))
+}
+
+fn set(dst: &mut String, src: &str) {
+    dst.clear();
+    dst.push_str(src);
+}
+
+fn set_opt(dst: &mut Option<String>, src: Option<&str>) {
+    match (dst.as_mut(), src) {
+        (Some(d), Some(s)) => set(d, s),
+        (None, Some(s)) => *dst = Some(s.to_string()),
+        (_, None) => *dst = None,
+    }
+}
+
+impl Flat<'_> {
+    /// Check every rule and fill `r` (reusing its allocations). `candidates` fills
+    /// `r.candidates` (the formats hold them differently) at its place in the field order, so
+    /// the first bad field is the one reported.
+    pub fn fill(
+        &self,
+        names: &Names,
+        r: &mut Receipt,
+        candidates: impl FnOnce(&mut Vec<String>) -> Result<(), FieldError>,
+        patterns: &OutcomePatterns,
+    ) -> Result<(), FieldError> {
+        let id = self.id.ok_or_else(|| FieldError::new("id", "missing"))?;
+        if id.is_empty() {
+            return err("id", "empty");
+        }
+        set(&mut r.id, id);
+        let at = self.at.ok_or_else(|| FieldError::new("at", "missing"))?;
+        if !self.at_is_timestamp && DateTime::parse_from_rfc3339(at).is_err() {
+            return err("at", format!("{at:?} is not an RFC 3339 time"));
+        }
+        set(&mut r.at, at);
+        let point = self
+            .point
+            .ok_or_else(|| FieldError::new("point", "missing"))?;
+        if !valid_point(point) {
+            return err("point", format!("{point:?} does not match [a-z][a-z0-9_]*"));
+        }
+        set(&mut r.point, point);
+        set_opt(&mut r.model, self.model);
+        candidates(&mut r.candidates)?;
+
+        let kind = self
+            .result_kind
+            .ok_or_else(|| FieldError::new(names.result_kind, "missing"))?;
+        match kind {
+            "pick" => {
+                let pid = self
+                    .result_id
+                    .ok_or_else(|| FieldError::new(names.result_id, "missing"))?;
+                let c = self
+                    .confidence
+                    .ok_or_else(|| FieldError::new(names.confidence, "missing"))?;
+                probability(c, names.confidence)?;
+                match &mut r.result {
+                    ReceiptResult::Pick { id, confidence } => {
+                        set(id, pid);
+                        *confidence = c;
+                    }
+                    ReceiptResult::Abstain => {
+                        r.result = ReceiptResult::Pick {
+                            id: pid.to_string(),
+                            confidence: c,
+                        }
+                    }
+                }
+            }
+            "abstain" => r.result = ReceiptResult::Abstain,
+            other => {
+                return err(
+                    names.result_kind,
+                    format!("unknown value {other:?} (expected pick or abstain)"),
+                );
+            }
+        }
+
+        let v = self
+            .validation
+            .ok_or_else(|| FieldError::new("validation", "missing"))?;
+        r.validation = Validation::parse(v)
+            .ok_or_else(|| FieldError::new("validation", format!("unknown value {v:?}")))?;
+
+        r.fallback = self.fallback_used.map(|used| Fallback {
+            used,
+            to: self.fallback_to.map(str::to_string),
+            reason: self.fallback_reason.map(str::to_string),
+        });
+
+        r.outcome = match self.outcome_status {
+            None if self.duration_ms.is_some() || self.retries.is_some() => {
+                return err(
+                    names.outcome_status,
+                    format!(
+                        "missing while {} / {} are set",
+                        names.duration_ms, names.retries
+                    ),
+                );
+            }
+            None => None,
+            Some(s) => Some(Outcome {
+                status: OutcomeStatus::parse(s).ok_or_else(|| {
+                    FieldError::new(
+                        names.outcome_status,
+                        format!("unknown value {s:?} (expected success, failure or abandoned)"),
+                    )
+                })?,
+                duration_ms: self
+                    .duration_ms
+                    .map(|d| {
+                        u64::try_from(d).map_err(|_| {
+                            FieldError::new(names.duration_ms, format!("{d} is negative"))
+                        })
+                    })
+                    .transpose()?,
+                retries: self
+                    .retries
+                    .map(|d| {
+                        u32::try_from(d).map_err(|_| {
+                            FieldError::new(names.retries, format!("{d} is out of range"))
+                        })
+                    })
+                    .transpose()?,
+            }),
+        };
+        match (r.shadow.as_mut(), self.shadow_reference) {
+            (Some(s), Some(v)) => set(&mut s.reference, v),
+            (None, Some(v)) => {
+                r.shadow = Some(Shadow {
+                    reference: v.to_string(),
+                })
+            }
+            (_, None) => r.shadow = None,
+        }
+        set_opt(&mut r.observed_outcome, self.observed_outcome);
+        if r.outcome.is_none() {
+            r.outcome = observed(r.observed_outcome.as_deref(), patterns);
+        }
+        check_pick_offered(r, names.result_id)
+    }
+}
+
+/// A confidence must be a number in [0, 1].
+pub(super) fn probability(c: f64, field: &str) -> Result<(), FieldError> {
+    if c.is_finite() && (0.0..=1.0).contains(&c) {
+        Ok(())
+    } else {
+        err(field, format!("{c} is outside [0, 1]"))
+    }
+}
+
+/// The outcome a free-text observed outcome stands for, by the configured patterns.
+pub(super) fn observed(text: Option<&str>, patterns: &OutcomePatterns) -> Option<Outcome> {
+    Some(Outcome {
+        status: patterns.classify(text?)?,
+        duration_ms: None,
+        retries: None,
+    })
+}
+
+/// `[a-z][a-z0-9_]*`, as contracts section 1 names decision points.
+pub(super) fn valid_point(p: &str) -> bool {
+    let mut b = p.bytes();
+    matches!(b.next(), Some(b'a'..=b'z'))
+        && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+}
+
+/// A pick must name an offered candidate unless the host rejected it as out of set.
+pub(super) fn check_pick_offered(r: &Receipt, field: &str) -> Result<(), FieldError> {
+    if let ReceiptResult::Pick { id, .. } = &r.result
+        && r.validation != Validation::RejectedOutOfSet
+        && !r.candidates.iter().any(|c| c == id)
+    {
+        return err(
+            field,
+            format!(
+                "picked {id:?}, which was not offered, yet validation is {}",
+                r.validation.as_str()
+            ),
+        );
+    }
+    Ok(())
+}
