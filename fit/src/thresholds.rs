@@ -115,16 +115,12 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
         }
     }
 
-    let ece = (c.judged > 0).then(|| {
-        agg.buckets
-            .iter()
-            .filter(|s| s.n > 0)
-            .map(|s| {
-                let n = s.n as f64;
-                (n / c.judged as f64) * (s.success as f64 / n - s.confidence_sum / n).abs()
-            })
-            .sum()
-    });
+    let ece = decision_data::calibration::expected_calibration_error(
+        agg.buckets.iter().filter(|s| s.n > 0).map(|s| {
+            let n = s.n as f64;
+            (s.n, s.success as f64 / n, s.confidence_sum / n)
+        }),
+    );
 
     let buckets = agg
         .buckets
@@ -183,6 +179,6 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
 }
 
 /// Write thresholds.json atomically (temporary file, fsync, rename).
-pub fn write(path: &Path, t: &Thresholds) -> Result<()> {
+pub(crate) fn write(path: &Path, t: &Thresholds) -> Result<()> {
     decision_data::atomic::write_json_atomic(path, t)
 }
