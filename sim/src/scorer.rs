@@ -162,7 +162,7 @@ pub(crate) mod tests {
                         .position(|c| Some(&c.id) == s.answer.as_ref())
                         .unwrap();
                     let index: u64 = s.task_id.rsplit("-t").next().unwrap().parse().unwrap();
-                    let top = if index % self.wrong_every == 0 {
+                    let top = if index.is_multiple_of(self.wrong_every) {
                         (answer + 1) % k
                     } else {
                         answer

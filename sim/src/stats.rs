@@ -9,7 +9,7 @@
 //! When every `d_i` is equal (`sd = 0`) the test has no spread to work with: `p` is 0 when the
 //! common difference is above `−margin` and 1 otherwise (scipy answers NaN there).
 
-use decision_fit::bounds::{beta_cdf, wilson};
+use decision_fit::bounds::wilson;
 
 /// The paper's margin (3 points of task success) and level.
 pub const MARGIN: f64 = 0.03;
@@ -25,18 +25,50 @@ pub struct NonInferiority {
     /// `mean(d)`: the mode's success minus llm's, on the same tasks.
     pub difference: f64,
     pub t: f64,
-    pub df: f64,
+    pub df: u64,
     pub p_value: f64,
     pub non_inferior: bool,
 }
 
-/// `P(T > t)` for Student's t with `df` degrees of freedom.
-pub fn t_sf(t: f64, df: f64) -> f64 {
+/// `P(T > t)` for Student's t with `df` (a whole number ≥ 1) degrees of freedom, by the finite
+/// series of Abramowitz & Stegun 26.7.3 / 26.7.4 in `θ = atan(t / √df)`: exact up to rounding,
+/// `df` terms at most.
+pub fn t_sf(t: f64, df: u64) -> f64 {
     if t.is_infinite() {
         return if t > 0.0 { 0.0 } else { 1.0 };
     }
-    let x = df / (df + t * t);
-    let tail = 0.5 * beta_cdf(x, df / 2.0, 0.5);
+    let nu = df.max(1);
+    let theta = (t.abs() / (nu as f64).sqrt()).atan();
+    let (s, c2) = (theta.sin(), theta.cos().powi(2));
+    // A = P(|T| <= |t|).
+    let a = if nu % 2 == 1 {
+        // (2/π)(θ + sinθ cosθ (1 + 2/3 cos²θ + 2·4/(3·5) cos⁴θ + ... up to cos^(ν−3)θ))
+        let mut sum = 0.0;
+        if nu > 1 {
+            let mut term = 1.0;
+            sum = 1.0;
+            let mut k = 1;
+            while 2 * k < nu - 1 {
+                term *= (2 * k) as f64 / (2 * k + 1) as f64 * c2;
+                sum += term;
+                k += 1;
+            }
+            sum *= s * c2.sqrt();
+        }
+        2.0 / std::f64::consts::PI * (theta + sum)
+    } else {
+        // sinθ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + ... up to cos^(ν−2)θ)
+        let mut term = 1.0;
+        let mut sum = 1.0;
+        let mut k = 1;
+        while 2 * k < nu {
+            term *= (2 * k - 1) as f64 / (2 * k) as f64 * c2;
+            sum += term;
+            k += 1;
+        }
+        s * sum
+    };
+    let tail = ((1.0 - a) / 2.0).clamp(0.0, 1.0);
     if t >= 0.0 { tail } else { 1.0 - tail }
 }
 
@@ -59,7 +91,7 @@ pub fn non_inferiority(
     let n = d.len() as f64;
     let mean = d.iter().sum::<f64>() / n;
     let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    let df = n - 1.0;
+    let df = mode.len() as u64 - 1;
     let shifted = mean + margin;
     let (t, p) = if var == 0.0 {
         let t = if shifted > 0.0 {
@@ -133,10 +165,15 @@ mod tests {
         let (m, r) = paired(10, 10, 0, 0);
         assert_eq!(non_inferiority(&m, &r, 0.03, 0.05).unwrap().p_value, 0.0);
         assert!(non_inferiority(&m[..1], &r[..1], 0.03, 0.05).is_none());
-        // The t tail: symmetric, 0.5 at 0, the normal's 0.025 at 1.96 for large df.
-        assert!((t_sf(0.0, 7.0) - 0.5).abs() < 1e-12);
-        assert!((t_sf(1.3, 9.0) + t_sf(-1.3, 9.0) - 1.0).abs() < 1e-12);
-        assert!((t_sf(1.959_964, 1e7) - 0.025).abs() < 1e-5);
+        // The t tail: symmetric, 0.5 at 0; df 1 is Cauchy (1/2 − atan(t)/π); df 2 has the
+        // closed form 1/2 − t / (2√(2 + t²)); large df approaches the normal's 0.025 at 1.96.
+        assert!((t_sf(0.0, 7) - 0.5).abs() < 1e-12);
+        assert!((t_sf(1.3, 9) + t_sf(-1.3, 9) - 1.0).abs() < 1e-12);
+        let cauchy = 0.5 - 1.7f64.atan() / std::f64::consts::PI;
+        assert!((t_sf(1.7, 1) - cauchy).abs() < 1e-12);
+        let two = 0.5 - 1.7 / (2.0 * (2.0f64 + 1.7 * 1.7).sqrt());
+        assert!((t_sf(1.7, 2) - two).abs() < 1e-12);
+        assert!((t_sf(1.959_964, 20_000) - 0.025).abs() < 1e-4);
     }
 
     #[test]

@@ -32,7 +32,7 @@ impl Scorer for KeyScorer {
                 let index: u64 = s.task_id.rsplit("-t").next().unwrap().parse().unwrap();
                 // Unsure on the stop decisions, so that thresholds differ by point.
                 let conf = if s.point == "stop" { 0.6 } else { self.right };
-                let top = if index % self.wrong_every == 0 {
+                let top = if index.is_multiple_of(self.wrong_every) {
                     (answer + 1) % k
                 } else {
                     answer
@@ -96,7 +96,13 @@ fn modes_run_on_the_same_tasks() {
     // follows the key and none where every pick is wrong.
     assert!(model.tasks.iter().all(|t| t.llm_calls == 0));
     for (i, t) in model.tasks.iter().enumerate() {
-        assert_eq!(t.end.is_success(), i % 9 != 0, "{}: {:?}", t.task_id, t.end);
+        assert_eq!(
+            t.end.is_success(),
+            !i.is_multiple_of(9),
+            "{}: {:?}",
+            t.task_id,
+            t.end
+        );
     }
     // The LLM fails some tasks on its own (its confidently wrong slice), the key never does.
     let llm_ok = llm.tasks.iter().filter(|t| t.end.is_success()).count();
