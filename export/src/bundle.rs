@@ -21,6 +21,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use decision_data::atomic::StagedDir;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -186,7 +187,8 @@ pub fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
 #[derive(Debug)]
 pub struct Staging {
     out: PathBuf,
-    tmp: PathBuf,
+    /// The staging folder, until it is published.
+    staged: Option<StagedDir>,
     replace: bool,
     published: bool,
     /// The topmost parent folder [`Staging::new`] created, removed again if nothing is published.
@@ -268,11 +270,9 @@ impl Staging {
                 );
             }
         }
-        let name = out
-            .file_name()
-            .with_context(|| format!("{}: not a folder name", out.display()))?
-            .to_string_lossy()
-            .into_owned();
+        if out.file_name().is_none() {
+            bail!("{}: not a folder name", out.display());
+        }
         let parent = match out.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -282,11 +282,10 @@ impl Staging {
             .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
             .last()
             .map(Path::to_path_buf);
-        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
         // Built before any folder is made, so that Drop removes what was made on any error.
-        let staging = Self {
+        let mut staging = Self {
             out: out.to_path_buf(),
-            tmp: tmp.clone(),
+            staged: None,
             replace,
             published: false,
             created,
@@ -298,34 +297,25 @@ impl Staging {
                 parent.display()
             )
         })?;
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp)
-                .with_context(|| format!("removing stale {}", tmp.display()))?;
-        }
-        std::fs::create_dir(&tmp).with_context(|| {
+        staging.staged = Some(StagedDir::create(out).with_context(|| {
             format!(
-                "--out {}: cannot write in {} (creating {})",
+                "--out {}: cannot write in {}",
                 out.display(),
-                parent.display(),
-                tmp.display()
+                parent.display()
             )
-        })?;
+        })?);
         Ok(staging)
     }
 
     /// The folder being filled.
     pub fn path(&self) -> &Path {
-        &self.tmp
+        self.staged.as_ref().expect("staged until published").path()
     }
 
-    /// Rename the finished folder into place (replacing the old bundle when allowed). If the
-    /// rename fails, the old bundle is put back and the staging folder removed.
+    /// Sync the finished folder and rename it into place (replacing the old bundle when allowed;
+    /// [`decision_data::atomic::publish_dir`]). If the rename fails, the old bundle is put back
+    /// and the staging folder removed.
     pub fn publish(mut self) -> Result<PathBuf> {
-        for entry in list_files(&self.tmp)? {
-            if let Ok(f) = File::open(self.tmp.join(&entry)) {
-                let _ = f.sync_all();
-            }
-        }
         if std::fs::symlink_metadata(&self.out).is_ok() {
             if !self.replace {
                 bail!(
@@ -340,52 +330,23 @@ impl Staging {
                     self.out.display()
                 );
             }
-            let old = self.tmp.with_file_name(format!(
-                ".{}.old-{}",
-                self.out.file_name().expect("named").to_string_lossy(),
-                std::process::id()
-            ));
-            std::fs::rename(&self.out, &old)
-                .with_context(|| format!("moving the old {} aside", self.out.display()))?;
-            if let Err(e) = std::fs::rename(&self.tmp, &self.out) {
-                let back = std::fs::rename(&old, &self.out);
-                return Err(anyhow::Error::new(e)).with_context(|| match back {
-                    Ok(()) => format!(
-                        "publishing {} (the old bundle was put back)",
-                        self.out.display()
-                    ),
-                    Err(b) => format!(
-                        "publishing {}; putting the old bundle back from {} failed too ({b})",
-                        self.out.display(),
-                        old.display()
-                    ),
-                });
-            }
-            self.published = true;
-            if let Err(e) = std::fs::remove_dir_all(&old) {
-                eprintln!(
-                    "warning: the bundle is published, but the old one could not be removed \
-                     from {}: {e}",
-                    old.display()
-                );
-            }
-        } else {
-            std::fs::rename(&self.tmp, &self.out)
-                .with_context(|| format!("publishing {}", self.out.display()))?;
-            self.published = true;
         }
-        decision_data::atomic::sync_dir(self.out.parent().unwrap_or(Path::new(".")));
-        Ok(self.out.clone())
+        let staged = self.staged.take().expect("staged until published");
+        let out = staged
+            .publish()
+            .with_context(|| format!("publishing {}", self.out.display()))?;
+        self.published = true;
+        Ok(out)
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.published {
-            let _ = std::fs::remove_dir_all(&self.tmp);
+            drop(self.staged.take()); // removes the staging folder
             // Parent folders made for this bundle, innermost first; stops at one not empty.
             if let Some(top) = &self.created {
-                let mut dir = self.tmp.parent();
+                let mut dir = self.out.parent();
                 while let Some(d) = dir {
                     if std::fs::remove_dir(d).is_err() || d == top.as_path() {
                         break;

@@ -165,34 +165,17 @@ impl Source {
                 let adapter = LoraAdapter::load(dir, &config)?;
                 let merged: Arc<dyn WeightSource> =
                     Arc::new(MergedSource::new(base_weights, Arc::new(adapter.clone()))?);
-                // The reference applies the adapter its own way (unmerged, x·W + s·(x·A)·B) when
-                // it can, reading it from the PEFT files we write (so those are checked too);
-                // adapters it does not read (rsLoRA, layer subsets) are merged by us.
+                // The reference applies the adapter its own way (unmerged, x·W + s·(x·A)·B),
+                // reading it from the PEFT files we write, so those are checked too.
                 let scratch = tempfile::tempdir().context("a temporary folder")?;
                 let mut normalized = adapter.clone();
                 normalized.base_model.get_or_insert_with(|| src.to_string());
                 normalized.write_peft(scratch.path())?;
-                let reference = match decision_train::lora::load_peft(
-                    model.model.clone(),
-                    scratch.path(),
-                ) {
-                    Ok((m, _, _)) => {
-                        model.model = m;
-                        "burn (decision-train, cpu f32, PEFT adapter applied unmerged)".to_string()
-                    }
-                    Err(e) => {
-                        let device = model.device.clone();
-                        model.model = decision_train::weights::build_model(
-                            &model.config,
-                            &device,
-                            Precision::F32.dtype(),
-                            |name| merged.read_f32(name),
-                        )?;
-                        format!(
-                            "burn (decision-train, cpu f32, weights merged by the exporter: {e:#})"
-                        )
-                    }
-                };
+                model.model = decision_train::lora::load_peft(model.model.clone(), scratch.path())
+                    .context("applying the adapter to the reference model")?
+                    .0;
+                let reference =
+                    "burn (decision-train, cpu f32, PEFT adapter applied unmerged)".to_string();
                 (merged, Some(adapter), reference)
             }
         };

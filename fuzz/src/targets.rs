@@ -15,7 +15,7 @@ use decision_fit::aggregate::Aggregate;
 use decision_prompt::{DecisionSpec, Prompter};
 use decision_train::Qwen3Config;
 use decision_train::run_config::RunConfig;
-use decision_train::weights::{self, Checkpoint};
+use decision_train::weights::{self, Checkpoint, WeightSource};
 
 use crate::mutate::Kind;
 
@@ -141,7 +141,6 @@ fn receipts(path: &Path) -> Result<Box<dyn Runner>> {
     impl Runner for Receipts {
         fn run(&mut self, input: &[u8]) -> Result<()> {
             let path = &self.path;
-            let parquet = path.extension().is_some_and(|e| e == "parquet");
             write(path, input);
             let opts = ReadOptions {
                 outcome: self.config.outcome.clone(),
@@ -161,14 +160,6 @@ fn receipts(path: &Path) -> Result<Box<dyn Runner>> {
                     Ok(())
                 });
             q.finish()?;
-            if parquet && let Ok((groups, _)) = receipts_io::parquet_layout(path) {
-                receipts_io::for_each_receipt_in_row_groups(
-                    path,
-                    (0..groups).collect(),
-                    &opts.outcome,
-                    |_| Ok(()),
-                )?;
-            }
             let summary = read?;
             for (name, p) in &agg.points {
                 let _ = decision_fit::thresholds::fit_point(p, self.config.policy(name));
@@ -212,34 +203,36 @@ fn sample_receipt_lines() -> Vec<String> {
 fn fit_config(path: &Path) -> Result<Box<dyn Runner>> {
     struct Fit {
         path: PathBuf,
-        lines: Vec<String>,
+        /// The sample receipts, read as `decision fit` reads its input.
+        receipts: PathBuf,
     }
     impl Runner for Fit {
         fn run(&mut self, input: &[u8]) -> Result<()> {
             write(&self.path, input);
             let config = FitConfig::load(&self.path)?;
             let mut agg = Aggregate::new(&config, BTreeMap::new());
-            let file = std::sync::Arc::new(self.path.clone());
-            for (row, line) in self.lines.iter().enumerate() {
-                match receipts_io::parse_receipt_line(
-                    line.as_bytes(),
-                    &file,
-                    row as u64 + 1,
-                    &config.outcome,
-                ) {
-                    Ok((r, _)) => agg.add(&r),
+            let opts = ReadOptions {
+                outcome: config.outcome.clone(),
+                progress: false,
+            };
+            receipts_io::for_each_receipt(std::slice::from_ref(&self.receipts), &opts, |item| {
+                match item {
+                    Ok(r) => agg.add(r),
                     Err(_) => agg.add_bad(),
                 }
-            }
+                Ok(())
+            })?;
             for (name, p) in &agg.points {
                 let _ = decision_fit::thresholds::fit_point(p, config.policy(name));
             }
             Ok(())
         }
     }
+    let receipts = path.with_file_name("receipts.jsonl");
+    write(&receipts, (sample_receipt_lines().join("\n") + "\n").as_bytes());
     Ok(Box::new(Fit {
         path: path.to_path_buf(),
-        lines: sample_receipt_lines(),
+        receipts,
     }))
 }
 
@@ -344,8 +337,8 @@ fn safetensors(path: &Path) -> Result<Box<dyn Runner>> {
         fn run(&mut self, input: &[u8]) -> Result<()> {
             write(&self.path, input);
             let files = [self.path.clone()];
-            let ckpt = Checkpoint::open(&files)?;
-            let names: Vec<String> = ckpt.names().map(str::to_string).collect();
+            let ckpt = Checkpoint::open_files(&files)?;
+            let names = ckpt.names();
             let mut unreadable = None;
             for n in &names {
                 let _ = ckpt.shape(n);

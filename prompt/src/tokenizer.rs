@@ -165,25 +165,6 @@ pub fn build_word_level<'a>(
     Tokenizer::from_str(&doc.to_string()).map_err(|e| anyhow!("building word-level tokenizer: {e}"))
 }
 
-/// The word-level tokenizer for a model trained from scratch on `states` with `spec`'s prompt:
-/// the labels and the template's words first, then the words of the states' points, contexts
-/// and candidate labels.
-pub fn build_for_states(
-    states: &[decision_data::State],
-    spec: &crate::spec::DecisionSpec,
-    opts: &WordLevelOptions,
-) -> Result<Tokenizer> {
-    let template = crate::prompt::Template::parse(&spec.template)?.literal_text();
-    let mut required: Vec<&str> = spec.labels.iter().map(String::as_str).collect();
-    required.push(&template);
-    let corpus = states.iter().flat_map(|s| {
-        std::iter::once(s.point.as_str())
-            .chain(std::iter::once(s.context.as_str()))
-            .chain(s.candidates.iter().map(|c| c.label.as_str()))
-    });
-    build_word_level(corpus, &required, opts)
-}
-
 /// Write `tokenizer.json` atomically.
 pub fn save(tok: &Tokenizer, path: &Path) -> Result<()> {
     let text = tok

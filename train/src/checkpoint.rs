@@ -266,7 +266,7 @@ impl PendingCheckpoint {
     /// checkpoints.
     pub fn commit(self) -> Result<PathBuf> {
         let mut files = BTreeMap::new();
-        seal_tree(&self.tmp, "", Some(&mut files))?;
+        seal_tree(&self.tmp, &mut files)?;
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA.into(),
             files,
@@ -280,62 +280,19 @@ impl PendingCheckpoint {
     }
 }
 
-/// Sync every file under `dir` (and `dir` itself, and each folder below it); with `hashes`,
-/// also record each file's size and SHA-256 under its path below `dir` (`/`-separated, after
-/// `prefix`).
-fn seal_tree(
-    dir: &Path,
-    prefix: &str,
-    mut hashes: Option<&mut BTreeMap<String, FileHash>>,
-) -> Result<()> {
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        let p = e.path();
-        let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
-        if p.is_dir() {
-            seal_tree(&p, &format!("{rel}/"), hashes.as_deref_mut())?;
-        } else {
-            let file = fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
-            if let Some(out) = hashes.as_deref_mut() {
-                let (sha256, bytes) = decision_data::stable_hash::sha256_hex(&file)
-                    .with_context(|| format!("reading {}", p.display()))?;
-                out.insert(rel, FileHash { bytes, sha256 });
-            }
-            file.sync_all()
-                .with_context(|| format!("syncing {}", p.display()))?;
-        }
-    }
-    decision_data::atomic::sync_dir(dir);
-    Ok(())
+/// Sync every file under `dir` (and `dir` itself, and each folder below it), recording each
+/// file's size and SHA-256 under its path below `dir` (`/`-separated).
+fn seal_tree(dir: &Path, hashes: &mut BTreeMap<String, FileHash>) -> Result<()> {
+    decision_data::atomic::sync_tree_with(dir, &mut |rel, file| {
+        let (sha256, bytes) = decision_data::stable_hash::sha256_hex(file)
+            .with_context(|| format!("reading {}", dir.join(rel).display()))?;
+        hashes.insert(rel.to_string(), FileHash { bytes, sha256 });
+        Ok(())
+    })
 }
 
-/// Sync every file and folder under `dir`.
-pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
-    seal_tree(dir, "", None)
-}
-
-/// Put the folder `staged` (written and synced in full) at `target`, its sibling. An existing
-/// `target` is first renamed to `aside` and removed only once `staged` is in place, so at every
-/// moment `target` is the old folder, absent, or the new one: never part of either. The parent
-/// is synced so the rename survives a crash.
-pub(crate) fn publish_dir(staged: &Path, target: &Path, aside: &Path) -> Result<()> {
-    if fs::symlink_metadata(aside).is_ok() {
-        fs::remove_dir_all(aside).with_context(|| format!("removing {}", aside.display()))?;
-    }
-    let replacing = fs::symlink_metadata(target).is_ok();
-    if replacing {
-        fs::rename(target, aside).with_context(|| format!("moving {} aside", target.display()))?;
-    }
-    fs::rename(staged, target)
-        .with_context(|| format!("renaming {} to {}", staged.display(), target.display()))?;
-    if let Some(parent) = target.parent() {
-        decision_data::atomic::sync_dir(parent);
-    }
-    if replacing {
-        fs::remove_dir_all(aside).with_context(|| format!("removing {}", aside.display()))?;
-    }
-    Ok(())
-}
+// The trainer's `final/` is published as checkpoints are, through the one folder publisher.
+pub(crate) use decision_data::atomic::{publish_dir, sync_tree};
 
 /// Keep only the newest `keep` complete checkpoints (at least one).
 pub fn prune(run_dir: &Path, keep: usize) -> Result<()> {
@@ -609,33 +566,6 @@ mod tests {
         assert_eq!(got.unwrap().unwrap().0, 30);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("not verified"), "{warnings:?}");
-    }
-
-    /// Publishing over an existing folder replaces it whole and leaves neither the staging
-    /// folder nor the old one behind.
-    #[test]
-    fn publish_replaces_a_folder_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let (staged, target, aside) = (
-            dir.path().join(".new"),
-            dir.path().join("final"),
-            dir.path().join(".old"),
-        );
-        fs::create_dir_all(target.join("adapter")).unwrap();
-        fs::write(target.join("adapter/a.bin"), b"old").unwrap();
-        fs::write(target.join("model.bin"), b"old").unwrap();
-        fs::create_dir_all(&staged).unwrap();
-        fs::write(staged.join("model.bin"), b"new").unwrap();
-        sync_tree(&staged).unwrap();
-        publish_dir(&staged, &target, &aside).unwrap();
-        assert_eq!(fs::read(target.join("model.bin")).unwrap(), b"new");
-        assert!(!target.join("adapter").exists(), "an old file survived");
-        assert!(!staged.exists() && !aside.exists());
-        // into a place that holds nothing yet
-        fs::create_dir_all(&staged).unwrap();
-        let fresh = dir.path().join("fresh");
-        publish_dir(&staged, &fresh, &aside).unwrap();
-        assert!(fresh.is_dir() && !staged.exists());
     }
 
     #[test]

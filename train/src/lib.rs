@@ -26,6 +26,7 @@ pub mod loss;
 pub mod metrics;
 mod micro_batch;
 pub mod optim;
+pub mod peft;
 pub mod plan;
 pub mod plots;
 pub mod receipts;

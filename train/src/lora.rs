@@ -8,21 +8,20 @@
 //! Kaiming-uniform with `a = √5` on `lora_A.weight`, i.e. uniform in `±1/√d_in`, and `B = 0`, so
 //! the adapted model starts equal to the base.
 //!
-//! The PEFT files ([`save_peft`], [`load_peft`]) use PEFT's exact layout: `adapter_config.json`
-//! and `adapter_model.safetensors` with keys such as
-//! `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`.
+//! The PEFT files ([`save_peft`], [`load_peft`]) are read and written by [`crate::peft`], in
+//! PEFT's exact layout.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 
 use crate::model::{Proj, Qwen3};
+use crate::peft::{BaseShape, LoraPair, Matrix, PROJECTIONS, PeftAdapter};
 
 /// One adapter: `delta(x) = s · (dropout(x) · A) · B`.
 #[derive(Module, Debug)]
@@ -32,7 +31,7 @@ pub struct LoraAdapter {
     /// `[r, d_out]`
     pub lora_b: Param<Tensor<2>>,
     pub dropout: Dropout,
-    /// `alpha / r`
+    /// `alpha / r` (`alpha / sqrt(r)` for an rsLoRA adapter read from PEFT files)
     pub scaling: f64,
 }
 
@@ -111,22 +110,6 @@ fn projections(model: &Qwen3, layer: usize) -> [(&'static str, &Proj); 7] {
     ]
 }
 
-fn self_attn_or_mlp(target: &str) -> &'static str {
-    if target.ends_with("_proj") && ["gate_proj", "up_proj", "down_proj"].contains(&target) {
-        "mlp"
-    } else {
-        "self_attn"
-    }
-}
-
-/// PEFT's key for a projection's adapter matrix (`which` = `lora_A` / `lora_B`).
-pub fn peft_key(layer: usize, target: &str, which: &str) -> String {
-    format!(
-        "base_model.model.model.layers.{layer}.{}.{target}.{which}.weight",
-        self_attn_or_mlp(target)
-    )
-}
-
 /// Freeze the whole model and attach fresh adapters (PEFT initialisation) to `spec.targets`.
 /// The adapters require gradients; nothing else does.
 pub fn attach(model: Qwen3, spec: &LoraSpec, seed: u64) -> Qwen3 {
@@ -145,13 +128,13 @@ pub fn attach(model: Qwen3, spec: &LoraSpec, seed: u64) -> Qwen3 {
                 .collect();
             let a = Tensor::<2>::from_data(TensorData::new(a, [d_in, spec.rank]), &device);
             let b = Tensor::<2>::zeros([spec.rank, d_out], &device);
-            proj.lora = Some(adapter(a, b, spec));
+            proj.lora = Some(adapter(a, b, spec.dropout, spec.scaling()));
         }
     }
     model
 }
 
-fn adapter(a: Tensor<2>, b: Tensor<2>, spec: &LoraSpec) -> LoraAdapter {
+fn adapter(a: Tensor<2>, b: Tensor<2>, dropout: f32, scaling: f64) -> LoraAdapter {
     let (a, b) = if a.device().is_autodiff() {
         (a.detach().require_grad(), b.detach().require_grad())
     } else {
@@ -160,8 +143,8 @@ fn adapter(a: Tensor<2>, b: Tensor<2>, spec: &LoraSpec) -> LoraAdapter {
     LoraAdapter {
         lora_a: Param::from_tensor(a),
         lora_b: Param::from_tensor(b),
-        dropout: DropoutConfig::new(spec.dropout as f64).init(),
-        scaling: spec.scaling(),
+        dropout: DropoutConfig::new(dropout as f64).init(),
+        scaling,
     }
 }
 
@@ -184,90 +167,10 @@ pub fn merge(mut model: Qwen3) -> Qwen3 {
     model
 }
 
-/// Number of adapter parameters.
-pub fn adapter_params(model: &Qwen3) -> usize {
-    let mut n = 0;
-    for layer in 0..model.model.layers.len() {
-        for (_, proj) in projections(model, layer) {
-            if let Some(ad) = &proj.lora {
-                n += ad.lora_a.shape().num_elements() + ad.lora_b.shape().num_elements();
-            }
-        }
-    }
-    n
-}
-
-/// PEFT's `adapter_config.json` (the fields PEFT writes for a LoRA adapter).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AdapterConfig {
-    pub peft_type: String,
-    pub task_type: String,
-    pub base_model_name_or_path: String,
-    pub r: usize,
-    pub lora_alpha: f32,
-    pub lora_dropout: f32,
-    pub target_modules: Vec<String>,
-    pub bias: String,
-    pub fan_in_fan_out: bool,
-    pub inference_mode: bool,
-    pub init_lora_weights: bool,
-    pub use_rslora: bool,
-    pub use_dora: bool,
-    pub modules_to_save: Option<Vec<String>>,
-    pub layers_to_transform: Option<Vec<usize>>,
-    pub layers_pattern: Option<String>,
-    pub rank_pattern: BTreeMap<String, usize>,
-    pub alpha_pattern: BTreeMap<String, f32>,
-    pub revision: Option<String>,
-}
-
-impl AdapterConfig {
-    pub fn new(spec: &LoraSpec, base: &str) -> Self {
-        Self {
-            peft_type: "LORA".into(),
-            task_type: "CAUSAL_LM".into(),
-            base_model_name_or_path: base.into(),
-            r: spec.rank,
-            lora_alpha: spec.alpha,
-            lora_dropout: spec.dropout,
-            target_modules: spec.targets.clone(),
-            bias: "none".into(),
-            fan_in_fan_out: false,
-            inference_mode: true,
-            init_lora_weights: true,
-            use_rslora: false,
-            use_dora: false,
-            modules_to_save: None,
-            layers_to_transform: None,
-            layers_pattern: None,
-            rank_pattern: BTreeMap::new(),
-            alpha_pattern: BTreeMap::new(),
-            revision: None,
-        }
-    }
-
-    pub fn spec(&self) -> Result<LoraSpec> {
-        if self.peft_type != "LORA" {
-            bail!(
-                "peft_type is {:?}; only LORA adapters are supported",
-                self.peft_type
-            );
-        }
-        if self.use_dora || self.use_rslora || self.fan_in_fan_out || self.bias != "none" {
-            bail!(
-                "only plain LoRA adapters are supported (no DoRA, rsLoRA, fan_in_fan_out or bias training)"
-            );
-        }
-        if !self.rank_pattern.is_empty() || !self.alpha_pattern.is_empty() {
-            bail!("per-module rank_pattern / alpha_pattern is not supported");
-        }
-        Ok(LoraSpec {
-            rank: self.r,
-            alpha: self.lora_alpha,
-            dropout: self.lora_dropout,
-            targets: self.target_modules.clone(),
-        })
-    }
+/// The exact decimal of an f32 setting as an f64 (`0.1`, not `0.10000000149011612`), for the
+/// adapter config.
+fn decimal(x: f32) -> f64 {
+    x.to_string().parse().expect("an f32 prints as a number")
 }
 
 fn to_vec(t: Tensor<2>) -> Vec<f32> {
@@ -277,128 +180,181 @@ fn to_vec(t: Tensor<2>) -> Vec<f32> {
         .expect("f32 data")
 }
 
-/// Write `adapter_config.json` and `adapter_model.safetensors` (PEFT layout, f32) into `dir`.
-pub fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for layer in 0..model.model.layers.len() {
-        for (name, proj) in projections(model, layer) {
-            if let Some(ad) = &proj.lora {
-                let a = ad.lora_a.val().inner().transpose(); // [r, d_in]
-                let b = ad.lora_b.val().inner().transpose(); // [d_out, r]
-                tensors.push((
-                    peft_key(layer, name, "lora_A"),
-                    a.dims().to_vec(),
-                    to_vec(a),
-                ));
-                tensors.push((
-                    peft_key(layer, name, "lora_B"),
-                    b.dims().to_vec(),
-                    to_vec(b),
-                ));
-            }
-        }
+/// The projection shapes of the model, for checking an adapter against it.
+fn base_shape(model: &Qwen3) -> Result<BaseShape> {
+    let layers = model.model.layers.len();
+    if layers == 0 {
+        bail!("the model has no layers to adapt");
     }
-    if tensors.is_empty() {
-        bail!("the model has no LoRA adapters to save");
+    let mut dims = [(0, 0); 7];
+    for (d, (_, proj)) in dims.iter_mut().zip(projections(model, 0)) {
+        let [d_in, d_out] = proj.dims();
+        *d = (d_out, d_in);
     }
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|((k, shape, _), b)| {
-            (
-                k.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
-                    .expect("shape matches"),
-            )
-        })
-        .collect();
-    let mut meta = std::collections::HashMap::new();
-    meta.insert("format".to_string(), "pt".to_string());
-    let data = safetensors::serialize(views, Some(meta))?;
-    decision_data::atomic::write_atomic(dir.join("adapter_model.safetensors"), &data)?;
-    decision_data::atomic::write_json_atomic(
-        dir.join("adapter_config.json"),
-        &AdapterConfig::new(spec, base),
-    )?;
-    Ok(())
+    Ok(BaseShape { layers, dims })
 }
 
-/// Read a PEFT adapter folder and attach its adapters to `model` (frozen base, adapters
-/// trainable on an autodiff device). Missing or unexpected keys and wrong shapes are errors.
-pub fn load_peft(model: Qwen3, dir: &Path) -> Result<(Qwen3, LoraSpec, String)> {
-    let cfg_path = dir.join("adapter_config.json");
-    let text = std::fs::read_to_string(&cfg_path)
-        .with_context(|| format!("reading {}", cfg_path.display()))?;
-    let cfg: AdapterConfig = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a PEFT LoRA config", cfg_path.display()))?;
-    let spec = cfg.spec().with_context(|| cfg_path.display().to_string())?;
-    let st_path = dir.join("adapter_model.safetensors");
-    let bytes =
-        std::fs::read(&st_path).with_context(|| format!("reading {}", st_path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{}: not safetensors", st_path.display()))?;
-    let mut remaining: BTreeMap<String, ()> = st
-        .names()
-        .into_iter()
-        .map(|n| (n.to_string(), ()))
-        .collect();
-    let device: Device = model.device();
-    let mut model = model.no_grad();
+/// Write `adapter_config.json` and `adapter_model.safetensors` (PEFT layout, f32) into `dir`.
+pub fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Result<()> {
+    let mut modules = BTreeMap::new();
     for layer in 0..model.model.layers.len() {
-        for (name, proj) in projections_mut(&mut model, layer) {
-            if !spec.targets.iter().any(|t| t == name) {
-                continue;
-            }
-            let [d_in, d_out] = proj.dims();
-            let mut get = |which: &str, shape: [usize; 2]| -> Result<Tensor<2>> {
-                let key = peft_key(layer, name, which);
-                let view = st.tensor(&key).map_err(|_| {
-                    anyhow::anyhow!("{}: missing tensor `{key}`", st_path.display())
-                })?;
-                remaining.remove(&key);
-                if view.shape() != shape {
-                    bail!(
-                        "{}: `{key}` has shape {:?}, expected {:?}",
-                        st_path.display(),
-                        view.shape(),
-                        shape
-                    );
-                }
-                let data: Vec<f32> = match view.dtype() {
-                    safetensors::Dtype::F32 => view
-                        .data()
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                    safetensors::Dtype::F16 => view
-                        .data()
-                        .chunks_exact(2)
-                        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                        .collect(),
-                    safetensors::Dtype::BF16 => view
-                        .data()
-                        .chunks_exact(2)
-                        .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                        .collect(),
-                    other => bail!("{}: `{key}` has dtype {other:?}", st_path.display()),
+        for ((sub, name), (_, proj)) in PROJECTIONS.iter().zip(projections(model, layer)) {
+            if let Some(ad) = &proj.lora {
+                let matrix = |t: Tensor<2>| {
+                    let [rows, cols] = t.dims();
+                    Matrix::new(rows, cols, to_vec(t))
                 };
-                Ok(Tensor::<2>::from_data(TensorData::new(data, shape), &device).transpose())
-            };
-            let a = get("lora_A", [spec.rank, d_in])?;
-            let b = get("lora_B", [d_out, spec.rank])?;
-            proj.lora = Some(adapter(a, b, &spec));
+                let pair = LoraPair {
+                    a: matrix(ad.lora_a.val().inner().transpose())?, // [r, d_in]
+                    b: matrix(ad.lora_b.val().inner().transpose())?, // [d_out, r]
+                };
+                modules.insert(format!("model.layers.{layer}.{sub}.{name}"), pair);
+            }
         }
     }
-    if let Some(k) = remaining.keys().next() {
-        bail!(
-            "{}: unexpected tensor `{k}` (not one of the configured target modules)",
-            st_path.display()
-        );
+    if modules.is_empty() {
+        bail!("the model has no LoRA adapters to save");
     }
-    Ok((model, spec, cfg.base_model_name_or_path))
+    PeftAdapter {
+        r: spec.rank,
+        alpha: decimal(spec.alpha),
+        use_rslora: false,
+        target_modules: spec.targets.clone(),
+        dropout: decimal(spec.dropout),
+        base_model: Some(base.to_string()),
+        base_layers: model.model.layers.len(),
+        modules,
+    }
+    .write_peft(dir)
+}
+
+/// Read a PEFT adapter folder ([`PeftAdapter::read`]: missing or unexpected keys and wrong shapes
+/// are errors) and attach its adapters to `model` (frozen base, adapters trainable on an autodiff
+/// device). Returns the model, the adapter's settings and its base model (`""` when unnamed). An
+/// rsLoRA adapter keeps PEFT's scale `alpha / sqrt(r)`; its settings say so as the plain LoRA
+/// with that scale (`alpha · sqrt(r)`), which is what [`save_peft`] then writes.
+pub fn load_peft(model: Qwen3, dir: &Path) -> Result<(Qwen3, LoraSpec, String)> {
+    let peft = PeftAdapter::read(dir, &base_shape(&model)?)?;
+    let scaling = peft.scaling();
+    let device: Device = model.device();
+    let mut model = model.no_grad();
+    let mut targets: Vec<String> = Vec::new();
+    for layer in 0..model.model.layers.len() {
+        for ((sub, name), (_, proj)) in PROJECTIONS.iter().zip(projections_mut(&mut model, layer)) {
+            let Some(pair) = peft
+                .modules
+                .get(&format!("model.layers.{layer}.{sub}.{name}"))
+            else {
+                continue;
+            };
+            let tensor = |m: &Matrix| {
+                Tensor::<2>::from_data(TensorData::new(m.data.clone(), [m.rows, m.cols]), &device)
+                    .transpose()
+            };
+            proj.lora = Some(adapter(
+                tensor(&pair.a),
+                tensor(&pair.b),
+                peft.dropout as f32,
+                scaling,
+            ));
+            if !targets.iter().any(|t| t == name) {
+                targets.push(name.to_string());
+            }
+        }
+    }
+    targets.sort_by_key(|t| PROJECTIONS.iter().position(|(_, p)| p == t));
+    let spec = LoraSpec {
+        rank: peft.r,
+        alpha: if peft.use_rslora {
+            (scaling * peft.r as f64) as f32
+        } else {
+            peft.alpha as f32
+        },
+        dropout: peft.dropout as f32,
+        targets,
+    };
+    Ok((model, spec, peft.base_model.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Qwen3Config;
+
+    /// PEFT's rsLoRA scales `B·A` by `alpha / sqrt(r)` (not `alpha / r`), and every reader says so
+    /// alike: the files' reader (what the exporter merges), training's loader, and what training
+    /// writes back. Here r = 4, alpha = 8: the scale is 4, where plain LoRA's would be 2. The
+    /// adapter covers one projection of one layer, so the written `layers_to_transform` is
+    /// exercised too.
+    #[test]
+    fn rslora_adapters_scale_by_alpha_over_sqrt_r_everywhere() {
+        let cfg = Qwen3Config::from_json(&serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": false, "max_position_embeddings": 64
+        }))
+        .unwrap();
+        let (out, inp) = BaseShape::of(&cfg).dims[0];
+        let a = Matrix::new(4, inp, (0..4 * inp).map(|i| (i as f32 * 0.37).sin()).collect());
+        let b = Matrix::new(out, 4, (0..out * 4).map(|i| (i as f32 * 0.53).cos()).collect());
+        let module = "model.layers.1.self_attn.q_proj";
+        let written = PeftAdapter {
+            r: 4,
+            alpha: 8.0,
+            use_rslora: true,
+            target_modules: vec!["q_proj".into()],
+            dropout: 0.0,
+            base_model: None,
+            base_layers: 2,
+            modules: BTreeMap::from([(
+                module.to_string(),
+                LoraPair {
+                    a: a.unwrap(),
+                    b: b.unwrap(),
+                },
+            )]),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        written.write_peft(dir.path()).unwrap();
+
+        let read = PeftAdapter::load(dir.path(), &cfg).unwrap();
+        assert!(read.use_rslora);
+        assert_eq!(read.scaling(), 4.0);
+        let delta = read.delta(module).unwrap();
+        let pair = &read.modules[module];
+        let by_hand: f64 = (0..4)
+            .map(|k| pair.b.data[k] as f64 * pair.a.data[k * inp] as f64)
+            .sum();
+        assert!((delta[0] as f64 - 4.0 * by_hand).abs() < 1e-5);
+
+        let device = Device::flex();
+        let model = crate::model::init_random(&cfg, 0.3, &device);
+        let (model, spec, _) = load_peft(model, dir.path()).unwrap();
+        let layers = &model.model.layers;
+        assert!(layers[0].self_attn.q_proj.lora.is_none());
+        let ad = layers[1].self_attn.q_proj.lora.as_ref().unwrap();
+        assert_eq!(ad.scaling, 4.0);
+        assert!((spec.scaling() - 4.0).abs() < 1e-6, "{spec:?}");
+        // The Burn adapter's s·A·B is [in, out]: its transpose is the reader's delta.
+        let dense = to_vec(ad.dense().transpose());
+        let worst = dense
+            .iter()
+            .zip(&delta)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert_eq!(dense.len(), delta.len());
+        assert!(worst < 1e-5, "{worst}");
+
+        // Written back by training (as the plain LoRA of the same scale), read again: same delta.
+        let again = tempfile::tempdir().unwrap();
+        save_peft(&model, &spec, "base", again.path()).unwrap();
+        let back = PeftAdapter::load(again.path(), &cfg).unwrap();
+        assert_eq!(back.modules.keys().collect::<Vec<_>>(), [module]);
+        let back_delta = back.delta(module).unwrap();
+        assert_eq!(back_delta.len(), delta.len());
+        for (x, y) in back_delta.iter().zip(&delta) {
+            assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+        }
+    }
 }

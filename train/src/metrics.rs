@@ -96,16 +96,18 @@ pub fn reliability(pairs: &[(f64, bool)], bins: usize) -> Vec<Bin> {
         .collect()
 }
 
-/// Expected calibration error over equal-width bins.
+/// Expected calibration error over equal-width bins (0 with no pairs).
 pub fn ece(pairs: &[(f64, bool)], bins: usize) -> f64 {
-    if pairs.is_empty() {
-        return 0.0;
-    }
-    let total = pairs.len() as f64;
-    reliability(pairs, bins)
-        .iter()
-        .map(|b| b.n as f64 / total * (b.accuracy - b.confidence).abs())
-        .sum()
+    bins_ece(&reliability(pairs, bins))
+}
+
+/// Expected calibration error of reliability bins (0 when they are empty)
+/// ([`decision_data::calibration::expected_calibration_error`]).
+pub fn bins_ece(bins: &[Bin]) -> f64 {
+    decision_data::calibration::expected_calibration_error(
+        bins.iter().map(|b| (b.n as u64, b.accuracy, b.confidence)),
+    )
+    .unwrap_or(0.0)
 }
 
 /// Metrics of the states picked by `keep`, at temperature(s) from `temp`.

@@ -271,12 +271,7 @@ pub(crate) fn write_run_plots(
     };
     let before = bins(&|_| 1.0);
     let after = bins(&|s| temps.for_point(&s.point));
-    let ece = |b: &[Bin]| {
-        let n: usize = b.iter().map(|x| x.n).sum();
-        b.iter()
-            .map(|x| x.n as f64 / n.max(1) as f64 * (x.accuracy - x.confidence).abs())
-            .sum::<f64>()
-    };
+    let ece = crate::metrics::bins_ece;
     let rel = reliability_diagram(
         "reliability (validation)",
         &before,

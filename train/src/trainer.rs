@@ -900,11 +900,7 @@ fn progress_bar(show: bool, total: u64, at: u64) -> Option<indicatif::ProgressBa
     if !show {
         return None;
     }
-    let b = indicatif::ProgressBar::new(total);
-    b.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
-            .expect("valid template"),
-    );
+    let b = decision_data::progress::bar(Some(total), "steps");
     b.set_position(at);
     Some(b)
 }

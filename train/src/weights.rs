@@ -5,7 +5,7 @@
 //! Names and shapes are checked against the config before any weight is read: every missing,
 //! unexpected or mis-shaped tensor is named in one error.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -180,157 +180,251 @@ pub fn expected_tensors(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// Little-endian tensor bytes of a floating dtype to f32: the one safetensors decoder (model
+/// weights and PEFT adapters alike).
+pub fn decode_f32(bytes: &[u8], dtype: StDtype) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        StDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        StDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        StDtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        StDtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        other => {
+            bail!("dtype {other:?} is not a floating-point weight type (F32, F16, BF16 or F64)")
+        }
+    })
+}
+
+/// A read-only set of named tensors, converted to f32 on read: a checkpoint on disk
+/// ([`Checkpoint`]), tensors in memory ([`MemorySource`]), or a wrapper such as the exporter's
+/// LoRA merge.
+pub trait WeightSource: Send + Sync {
+    /// Every tensor name, sorted.
+    fn names(&self) -> Vec<String>;
+    /// The shape of a tensor, `None` when there is no such tensor.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// The tensor's values in row-major order, converted to f32.
+    fn read_f32(&self, name: &str) -> Result<Vec<f32>>;
+}
+
+/// Compare the names and shapes `weights` holds with what `config` needs; one error lists every
+/// problem. Tolerated extras: `lm_head.weight` of a tied model (the tie wins, as in
+/// transformers) and the `rotary_emb.inv_freq` buffers old checkpoints carry (recomputed from the
+/// config).
+pub fn check_tensors(config: &Qwen3Config, weights: &dyn WeightSource, origin: &str) -> Result<()> {
+    let expected = expected_tensors(config);
+    let mut missing = Vec::new();
+    let mut misshaped = Vec::new();
+    for (name, shape) in &expected {
+        match weights.shape(name) {
+            None => missing.push(name.clone()),
+            Some(found) if &found != shape => {
+                misshaped.push(format!("{name}: expected {shape:?}, found {found:?}"))
+            }
+            Some(_) => {}
+        }
+    }
+    let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    let unexpected: Vec<String> = weights
+        .names()
+        .into_iter()
+        .filter(|n| !known.contains(n.as_str()))
+        .filter(|n| !(config.tie_word_embeddings && n == "lm_head.weight"))
+        .filter(|n| !n.ends_with("rotary_emb.inv_freq"))
+        .collect();
+    if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() {
+        return Ok(());
+    }
+    let mut msg = format!("{origin}: the weights do not match config.json");
+    for (title, items) in [
+        ("missing", &missing),
+        ("mis-shaped", &misshaped),
+        ("unexpected", &unexpected),
+    ] {
+        if !items.is_empty() {
+            let shown: Vec<&str> = items.iter().take(20).map(String::as_str).collect();
+            let more = if items.len() > 20 {
+                format!(" … and {} more", items.len() - 20)
+            } else {
+                String::new()
+            };
+            msg.push_str(&format!(
+                "\n  {title} ({}): {}{more}",
+                items.len(),
+                shown.join(", ")
+            ));
+        }
+    }
+    bail!(msg)
+}
+
+/// Where one tensor lies: which file, its dtype and shape, its absolute byte range.
+struct Entry {
+    file: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
 struct Mapped {
     path: PathBuf,
     mmap: Mmap,
 }
 
-/// Memory-mapped safetensors files with a name → file index.
+/// Memory-mapped safetensors files read as one set of names: a model folder's weights
+/// ([`Checkpoint::open`]) or given files ([`Checkpoint::open_files`]).
 pub struct Checkpoint {
     files: Vec<Mapped>,
-    location: HashMap<String, usize>,
+    entries: BTreeMap<String, Entry>,
 }
 
 impl Checkpoint {
-    pub fn open(paths: &[PathBuf]) -> Result<Self> {
+    /// The weights of a model folder: the shards of its index, or its single file
+    /// ([`weight_files`]).
+    pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_files(&weight_files(dir)?)
+    }
+
+    /// One or more safetensors files as one set of names; a name stored twice is an error.
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
         let mut files = Vec::new();
-        let mut location = HashMap::new();
+        let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
         for (i, path) in paths.iter().enumerate() {
             let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
             // SAFETY: the map is read-only; a file changed underneath us while loading is the
             // same hazard every safetensors reader accepts.
             let mmap = unsafe { Mmap::map(&file) }
                 .with_context(|| format!("memory-mapping {}", path.display()))?;
+            // Parsing the whole file checks that the header's offsets cover the data exactly.
             let st = SafeTensors::deserialize(&mmap).map_err(|e| {
                 anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display())
             })?;
-            for name in st.names() {
-                if let Some(prev) = location.insert(name.to_string(), i) {
+            for (name, view) in st.tensors() {
+                if let Some(prev) = entries.get(&name) {
                     bail!(
                         "tensor {name:?} is stored twice: in {} and {}",
-                        paths[prev].display(),
+                        paths[prev.file].display(),
                         path.display()
                     );
                 }
+                let start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
+                let entry = Entry {
+                    file: i,
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    start,
+                    end: start + view.data().len(),
+                };
+                entries.insert(name, entry);
             }
             files.push(Mapped {
                 path: path.clone(),
                 mmap,
             });
         }
-        Ok(Self { files, location })
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.location.keys().map(String::as_str)
-    }
-
-    fn view(&self, name: &str) -> Option<(safetensors::tensor::TensorView<'_>, &Path)> {
-        let &i = self.location.get(name)?;
-        let f = &self.files[i];
-        let st = SafeTensors::deserialize(&f.mmap).ok()?;
-        st.tensor(name).ok().map(|v| (v, f.path.as_path()))
-    }
-
-    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.view(name).map(|(v, _)| v.shape().to_vec())
-    }
-
-    /// Read a tensor as f32 (converting f16/bf16).
-    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let (view, path) = self
-            .view(name)
-            .with_context(|| format!("tensor {name:?} not found"))?;
-        let bytes = view.data();
-        let out = match view.dtype() {
-            StDtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            StDtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            StDtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => bail!(
-                "{}: tensor {name:?} has dtype {other:?}; only F32, F16 and BF16 weights are supported",
-                path.display()
-            ),
-        };
-        self.release(name, bytes);
-        Ok(out)
+        Ok(Self { files, entries })
     }
 
     /// Drop the mapped pages of a tensor that has been copied out, so that loading a checkpoint
     /// does not keep the whole file resident beside the model (an 8 GB bf16 file would otherwise
     /// count fully in the process's memory until the load ends). The pages are read again from
     /// the file if the tensor is read again.
-    fn release(&self, name: &str, bytes: &[u8]) {
+    fn release(&self, e: &Entry) {
         #[cfg(unix)]
-        if let Some(&i) = self.location.get(name) {
-            let mmap = &self.files[i].mmap;
-            let offset = bytes.as_ptr() as usize - mmap.as_ptr() as usize;
+        {
             // SAFETY: the map is a read-only file mapping and no slice into this range outlives
-            // this call (the caller copied the values out); DONTNEED on such a mapping only
-            // drops pages, which a later access faults back in from the file.
+            // the read (the values were copied out); DONTNEED on such a mapping only drops
+            // pages, which a later access faults back in from the file.
             let _ = unsafe {
-                mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len())
+                self.files[e.file].mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    e.start,
+                    e.end - e.start,
+                )
             };
         }
         #[cfg(not(unix))]
-        let _ = (name, bytes);
+        let _ = e;
     }
 
-    /// Compare the stored names and shapes with what `config` needs; one error lists every
-    /// problem. A stored `lm_head.weight` is accepted and ignored when embeddings are tied.
+    /// Compare the stored names and shapes with what `config` needs ([`check_tensors`]).
     pub fn check(&self, config: &Qwen3Config, origin: &str) -> Result<()> {
-        let expected = expected_tensors(config);
-        let mut missing = Vec::new();
-        let mut misshaped = Vec::new();
-        for (name, shape) in &expected {
-            match self.shape(name) {
-                None => missing.push(name.clone()),
-                Some(found) if &found != shape => {
-                    misshaped.push(format!("{name}: expected {shape:?}, found {found:?}"))
-                }
-                Some(_) => {}
-            }
-        }
-        let known: std::collections::HashSet<&str> =
-            expected.iter().map(|(n, _)| n.as_str()).collect();
-        let mut unexpected: Vec<String> = self
-            .names()
-            .filter(|n| !known.contains(n))
-            .filter(|n| !(config.tie_word_embeddings && *n == "lm_head.weight"))
-            .map(str::to_string)
-            .collect();
-        unexpected.sort();
-        if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() {
-            return Ok(());
-        }
-        let mut msg = format!("{origin}: the weights do not match config.json");
-        let list = |title: &str, items: &[String], msg: &mut String| {
-            if !items.is_empty() {
-                let shown: Vec<&str> = items.iter().take(20).map(String::as_str).collect();
-                let more = if items.len() > 20 {
-                    format!(" … and {} more", items.len() - 20)
-                } else {
-                    String::new()
-                };
-                msg.push_str(&format!(
-                    "\n  {title} ({}): {}{more}",
-                    items.len(),
-                    shown.join(", ")
-                ));
-            }
-        };
-        list("missing", &missing, &mut msg);
-        list("mis-shaped", &misshaped, &mut msg);
-        list("unexpected", &unexpected, &mut msg);
-        bail!(msg)
+        check_tensors(config, self, origin)
+    }
+}
+
+impl WeightSource for Checkpoint {
+    fn names(&self) -> Vec<String> {
+        self.entries.keys().cloned().collect()
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.entries.get(name).map(|e| e.shape.clone())
+    }
+
+    /// Read a tensor as f32 (converting f16/bf16/f64).
+    fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let e = self
+            .entries
+            .get(name)
+            .with_context(|| format!("tensor {name:?} not found"))?;
+        let f = &self.files[e.file];
+        let out = decode_f32(&f.mmap[e.start..e.end], e.dtype)
+            .with_context(|| format!("{}: tensor {name:?}", f.path.display()))?;
+        self.release(e);
+        Ok(out)
+    }
+}
+
+/// Tensors held in memory: derived weights, and tests.
+#[derive(Default, Clone)]
+pub struct MemorySource {
+    tensors: HashMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+impl MemorySource {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn insert(&mut self, name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape does not match data"
+        );
+        self.tensors.insert(name.into(), (shape, data));
+    }
+}
+
+impl WeightSource for MemorySource {
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tensors.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).map(|(s, _)| s.clone())
+    }
+
+    fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.tensors
+            .get(name)
+            .map(|(_, d)| d.clone())
+            .with_context(|| format!("no tensor named `{name}`"))
     }
 }
 
@@ -342,7 +436,7 @@ pub fn load_model(
     device: &Device,
     dtype: DType,
 ) -> Result<Qwen3> {
-    let ckpt = Checkpoint::open(files)?;
+    let ckpt = Checkpoint::open_files(files)?;
     ckpt.check(config, origin)?;
     build_model(config, device, dtype, |name| {
         let data = ckpt.read_f32(name)?;

@@ -27,7 +27,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use decision_data::atomic::{AtomicFile, write_atomic};
+use decision_data::atomic::{AtomicFile, StagedDir, write_atomic};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
@@ -66,16 +66,6 @@ pub struct CoremlOptions {
     pub max_seq: usize,
     /// Upper bound of the option count (`decision.json`'s `max_options`).
     pub max_options: usize,
-}
-
-impl CoremlOptions {
-    /// The model's full context and 26 options (the A–Z labels), for a graph with no decision spec.
-    pub fn for_graph(graph: &Graph) -> Self {
-        Self {
-            max_seq: graph.facts().config.max_position_embeddings.max(1),
-            max_options: 26,
-        }
-    }
 }
 
 /// Facts about `model.mlpackage` for the bundle manifest (`formats.coreml`).
@@ -252,50 +242,27 @@ fn build(graph: &Graph, opts: CoremlOptions) -> Result<(pb::Model, blob::BlobPla
 }
 
 /// Lower `graph` and write `dir/model.mlpackage`. The package is assembled in a hidden sibling
-/// folder and renamed into place (replacing an older one), so a reader never sees half of it.
+/// folder and renamed into place (replacing an older one; [`StagedDir`]), so a reader never sees
+/// half of it.
 pub fn write_coreml(graph: &Graph, opts: CoremlOptions, dir: &Path) -> Result<CoremlFiles> {
     let (model, plan, op_count) = build(graph, opts)?;
-    let final_path = dir.join(PACKAGE_DIR);
-    let tmp = dir.join(format!(".{PACKAGE_DIR}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)
-            .with_context(|| format!("removing stale {}", tmp.display()))?;
-    }
-    let layout = Layout::new(&tmp);
+    let staged = StagedDir::create(dir.join(PACKAGE_DIR))?;
+    let layout = Layout::new(staged.path());
     std::fs::create_dir_all(layout.weights_dir())
         .with_context(|| format!("creating {}", layout.weights_dir().display()))?;
-    let result = (|| -> Result<()> {
-        let weights = layout.weights();
-        let mut f = AtomicFile::create(&weights)?;
-        let bar = progress::bar(plan.blobs().len() as u64, "writing Core ML weights");
-        blob::write_blobs(&plan, graph, &mut f, &mut || bar.inc(1))
-            .with_context(|| format!("writing {}", weights.display()))?;
-        bar.finish_and_clear();
-        f.flush()?;
-        f.commit()?;
-        let bytes = model.encode_to_vec();
-        write_atomic(layout.model(), &bytes)?;
-        let manifest = serde_json::to_vec_pretty(&package::manifest(&bytes))?;
-        write_atomic(layout.manifest(), &manifest)?;
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    if final_path.exists() {
-        let old = dir.join(format!(".{PACKAGE_DIR}.old-{}", std::process::id()));
-        std::fs::rename(&final_path, &old)
-            .with_context(|| format!("moving the old {} aside", final_path.display()))?;
-        std::fs::rename(&tmp, &final_path)
-            .with_context(|| format!("publishing {}", final_path.display()))?;
-        std::fs::remove_dir_all(&old)
-            .with_context(|| format!("removing the old package {}", old.display()))?;
-    } else {
-        std::fs::rename(&tmp, &final_path)
-            .with_context(|| format!("publishing {}", final_path.display()))?;
-    }
-    decision_data::atomic::sync_dir(dir);
+    let weights = layout.weights();
+    let mut f = AtomicFile::create(&weights)?;
+    let bar = progress::bar(plan.blobs().len() as u64, "writing Core ML weights");
+    blob::write_blobs(&plan, graph, &mut f, &mut || bar.inc(1))
+        .with_context(|| format!("writing {}", weights.display()))?;
+    bar.finish_and_clear();
+    f.flush()?;
+    f.commit()?;
+    let bytes = model.encode_to_vec();
+    write_atomic(layout.model(), &bytes)?;
+    let manifest = serde_json::to_vec_pretty(&package::manifest(&bytes))?;
+    write_atomic(layout.manifest(), &manifest)?;
+    let final_path = staged.publish()?;
     Ok(CoremlFiles {
         package: final_path,
         facts: CoremlFacts {

@@ -2,7 +2,6 @@
 //! transformers' `Qwen3ForCausalLM` computes the last position's logits, restricted to the offered
 //! labels. No tracing: each layer is written out here.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
@@ -33,94 +32,8 @@ impl Default for GraphOptions {
     }
 }
 
-/// The weight names (and shapes) a Qwen3 checkpoint with this config must hold.
-pub fn expected_weights(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
-    let (h, i, v, d) = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.vocab_size,
-        cfg.head_dim,
-    );
-    let (q, kv) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        for (name, shape) in [
-            ("q_proj", vec![q, h]),
-            ("k_proj", vec![kv, h]),
-            ("v_proj", vec![kv, h]),
-            ("o_proj", vec![h, q]),
-        ] {
-            let out_dim = shape[0];
-            out.push((format!("{p}.self_attn.{name}.weight"), shape));
-            if cfg.attention_bias {
-                out.push((format!("{p}.self_attn.{name}.bias"), vec![out_dim]));
-            }
-        }
-        out.push((format!("{p}.self_attn.q_norm.weight"), vec![d]));
-        out.push((format!("{p}.self_attn.k_norm.weight"), vec![d]));
-        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-    }
-    out.push(("model.norm.weight".to_string(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![v, h]));
-    }
-    out
-}
-
-/// Check that `weights` holds exactly the tensors `cfg` needs, with the right shapes. Tolerated
-/// extras: `lm_head.weight` of a tied model (the tie wins, as in transformers) and the
-/// `rotary_emb.inv_freq` buffers old checkpoints carry (recomputed from the config).
-fn check_weights(cfg: &Qwen3Config, weights: &dyn WeightSource) -> Result<()> {
-    let expected = expected_weights(cfg);
-    let (mut missing, mut misshaped, mut unexpected) = (Vec::new(), Vec::new(), Vec::new());
-    for (name, shape) in &expected {
-        match weights.shape(name) {
-            None => missing.push(format!("`{name}`")),
-            Some(s) if &s != shape => {
-                misshaped.push(format!("`{name}` is {s:?}, the config needs {shape:?}"))
-            }
-            Some(_) => {}
-        }
-    }
-    let known: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-    for name in weights.names() {
-        let tolerated = (cfg.tie_word_embeddings && name == "lm_head.weight")
-            || name.ends_with("rotary_emb.inv_freq");
-        if !known.contains(name.as_str()) && !tolerated {
-            unexpected.push(format!("`{name}`"));
-        }
-    }
-    if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() {
-        return Ok(());
-    }
-    let mut msg = String::from("the weights do not match the Qwen3 config");
-    for (title, items) in [
-        ("missing", &missing),
-        ("mis-shaped", &misshaped),
-        ("unexpected", &unexpected),
-    ] {
-        if !items.is_empty() {
-            let shown = items
-                .iter()
-                .take(20)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ");
-            let more = if items.len() > 20 {
-                format!(", and {} more", items.len() - 20)
-            } else {
-                String::new()
-            };
-            msg.push_str(&format!("; {title} ({}): {shown}{more}", items.len()));
-        }
-    }
-    bail!(msg)
-}
+/// The weight names (and shapes) a Qwen3 checkpoint with this config must hold: training's list.
+pub use decision_train::weights::expected_tensors as expected_weights;
 
 struct Builder {
     values: Vec<ValueType>,
@@ -246,7 +159,7 @@ pub fn build_qwen3(
             opts.temperature
         );
     }
-    check_weights(cfg, weights.as_ref())?;
+    decision_train::weights::check_tensors(cfg, weights.as_ref(), "the export")?;
     let dt = opts.dtype;
     let eps = cfg.rms_norm_eps as f32;
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
@@ -571,11 +484,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("unexpected (1): `model.layers.0.mlp.extra.weight`"),
+            err.contains("unexpected (1): model.layers.0.mlp.extra.weight"),
             "{err}"
         );
         assert!(
-            err.contains("mis-shaped (1): `model.layers.1.mlp.up_proj.weight` is [3, 8]"),
+            err.contains(
+                "mis-shaped (1): model.layers.1.mlp.up_proj.weight: expected [12, 8], found [3, 8]"
+            ),
             "{err}"
         );
         assert!(!err.contains("missing"), "{err}");
@@ -586,7 +501,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("missing (24): `model.layers.0.input_layernorm.weight`"),
+            err.contains("missing (24): model.layers.0.input_layernorm.weight"),
             "{err}"
         );
         assert!(err.contains("and 4 more"), "{err}");
