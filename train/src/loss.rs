@@ -304,6 +304,7 @@ mod tests {
                 .into_data()
                 .try_to_vec::<f32>()
                 .unwrap();
+            assert_eq!(g.len(), floats(&case["grad"]).len());
             for (gi, wi) in g.iter().zip(floats(&case["grad"])) {
                 assert!(
                     (gi - wi).abs() < 1e-5 + 1e-5 * wi.abs(),
@@ -360,6 +361,7 @@ mod tests {
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();
+        assert_eq!(g.len(), floats(&case["grad"]).len());
         for (i, (gi, wi)) in g.iter().zip(floats(&case["grad"])).enumerate() {
             assert!(
                 (gi - wi).abs() < 1e-5 + 1e-5 * wi.abs(),

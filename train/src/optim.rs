@@ -350,6 +350,8 @@ mod tests {
         }
         let got_w = model.w.val().into_data().try_to_vec::<f32>().unwrap();
         let got_b = model.b.val().into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(got_w.len(), w.iter().map(|r| r.len()).sum::<usize>());
+        assert_eq!(got_b.len(), b.len());
         for (g, e) in got_w.iter().zip(w.iter().flatten()) {
             assert!((*g as f64 - e).abs() < 1e-6, "W {g} vs {e}");
         }
@@ -422,6 +424,10 @@ mod tests {
         }
         let w = model.w.val().into_data().try_to_vec::<f32>().unwrap();
         let b = model.b.val().into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(
+            (w.len(), b.len()),
+            (floats(&f["w"]).len(), floats(&f["b"]).len())
+        );
         for (g, e) in w
             .iter()
             .zip(floats(&f["w"]))

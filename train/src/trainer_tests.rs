@@ -227,6 +227,7 @@ fn lora_merge_equals_unmerged() {
         .unwrap();
     let diff = max_abs_diff(&unmerged, &merged);
     assert!(diff < 1e-4, "max |Δ| = {diff}");
+    assert_eq!(unmerged.len(), l0.len());
     assert!(
         unmerged.iter().zip(&l0).any(|(a, b)| (a - b).abs() > 1e-3),
         "adapters changed nothing"
@@ -294,14 +295,39 @@ fn peft_adapter_round_trip() {
     let plain = Device::flex();
     plain.seed(2);
     let base = init_random(&tiny_config(16), 0.3, &plain);
-    let mut with = lora::attach(base.clone(), &spec(&["q_proj", "up_proj"]), 4);
-    let ad = with.model.layers[1].mlp.up_proj.lora.as_mut().unwrap();
-    let dims = ad.lora_b.shape().dims::<2>();
-    ad.lora_b = Param::from_tensor(Tensor::<2>::random(
-        dims,
-        burn::tensor::Distribution::Normal(0.0, 0.5),
-        &plain,
-    ));
+    // Every adapter's A and B non-zero (attach starts B at zero), so an adapter loaded onto the
+    // wrong module, transposed or dropped changes the outputs below.
+    struct Randomize(Vec<String>);
+    impl ModuleMapper for Randomize {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.0.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.0.pop();
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            if !self.0.iter().any(|p| p == "lora") {
+                return param;
+            }
+            let (id, t, mapper) = param.consume();
+            let t = Tensor::<D>::random(
+                t.shape(),
+                burn::tensor::Distribution::Normal(0.0, 0.5),
+                &t.device(),
+            );
+            Param::from_mapped_value(id, t, mapper)
+        }
+    }
+    let with = lora::attach(base.clone(), &spec(&["q_proj", "up_proj"]), 4)
+        .map(&mut Randomize(Vec::new()));
+    for layer in &with.model.layers {
+        for ad in [&layer.self_attn.q_proj.lora, &layer.mlp.up_proj.lora] {
+            let ad = ad.as_ref().unwrap();
+            for m in [ad.lora_a.val(), ad.lora_b.val()] {
+                assert!(m.abs().min().into_scalar::<f32>() > 0.0);
+            }
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
     lora::save_peft(
         &with,
@@ -342,6 +368,21 @@ fn peft_adapter_round_trip() {
         .try_to_vec::<f32>()
         .unwrap();
     assert_eq!(x, y);
+    // Each adapter shows in the outputs: without the q_proj adapters they differ.
+    let mut no_q = loaded.clone();
+    for layer in &mut no_q.model.layers {
+        layer.self_attn.q_proj.lora = None;
+    }
+    let z = no_q
+        .answer_logits(&batch(), &LABELS)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    assert_eq!(x.len(), z.len());
+    assert!(
+        x.iter().zip(&z).any(|(a, b)| (a - b).abs() > 1e-4),
+        "{x:?} vs {z:?}"
+    );
     // an adapter for a module the config does not list is an error
     let mut cfg2 = cfg.clone();
     cfg2["target_modules"] = serde_json::json!(["q_proj"]);
@@ -416,7 +457,26 @@ max_states = 0
     RunConfig::parse(&text, &[]).unwrap()
 }
 
-/// Largest |a_i - b_i| of two equally long vectors.
+/// `a` and `b` hold the same values bit for bit (same length first); names the first that differs.
+fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "{what}: {} values vs {}",
+        a.len(),
+        b.len()
+    );
+    if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+        panic!(
+            "{what} differ first at {i} of {}: {} vs {}",
+            a.len(),
+            a[i],
+            b[i]
+        );
+    }
+}
+
+/// Largest |a_i - b_i| of two equally long vectors (the lengths are asserted equal).
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "compared vectors differ in length");
     a.iter()
@@ -495,20 +555,16 @@ fn resume_continues_exactly() {
             .unwrap();
     let lb = crate::checkpoint::read_state(&crate::checkpoint::latest(&split).unwrap().unwrap().1)
         .unwrap();
+    // Bit for bit, as the README promises: the same losses, weights and accuracy.
     assert_eq!(la.losses.len(), 6);
-    for (x, y) in la.losses.iter().zip(&lb.losses) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
-            "losses {:?} vs {:?}",
-            la.losses,
-            lb.losses
-        );
-    }
+    assert_same_bits(&la.losses, &lb.losses, "losses");
     let wa = model_bytes(&straight.join("final"));
     let wb = model_bytes(&split.join("final"));
-    let diff = max_abs_diff(&wa, &wb);
-    assert!(diff <= 1e-5, "final weights differ by {diff}");
-    assert!((a.valid_after.accuracy - b2.valid_after.accuracy).abs() < 1e-9);
+    assert_same_bits(&wa, &wb, "final weights");
+    assert_eq!(
+        a.valid_after.accuracy.to_bits(),
+        b2.valid_after.accuracy.to_bits()
+    );
     // the run folder holds what the exporter and the demo read
     for f in [
         "run.toml",
@@ -624,6 +680,10 @@ fn lora_run_writes_merged_model_and_adapter() {
     let refs: Vec<&crate::prompt::Encoded> = enc.iter().collect();
     let a = crate::score::label_logits(&merged.model, &refs, merged.pad_id);
     let b = crate::score::label_logits(&with_adapter, &refs, merged.pad_id);
+    assert_eq!(
+        a.iter().map(Vec::len).collect::<Vec<_>>(),
+        b.iter().map(Vec::len).collect::<Vec<_>>()
+    );
     for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
         assert!((x - y).abs() < 1e-4, "merged {x} vs adapter {y}");
     }
@@ -685,7 +745,9 @@ fn shards_train_the_same_model_as_one_pass() {
     };
     let (_, l1) = run(&lora(1), "lora-one");
     let (_, l3) = run(&lora(3), "lora-three");
-    let moved = l1.iter().zip(&model_bytes(&base)).any(|(x, y)| x != y);
+    let base_w = model_bytes(&base);
+    assert_eq!(l1.len(), base_w.len());
+    let moved = l1.iter().zip(&base_w).any(|(x, y)| x != y);
     assert!(moved, "the LoRA run changed the merged weights");
     let diff = max_abs_diff(&l1, &l3);
     assert!(diff <= 1e-4, "LoRA: sharded weights differ by {diff}");
@@ -740,8 +802,7 @@ fn recompute_trains_the_same_model_and_resumes() {
         ..Default::default()
     };
     let (_, split) = (train(&recomputed, &split, &resume).unwrap(), split);
-    let diff = max_abs_diff(&w2, &model_bytes(&split.join("final")));
-    assert!(diff <= 1e-5, "resumed weights differ by {diff}");
+    assert_same_bits(&w2, &model_bytes(&split.join("final")), "resumed weights");
 
     // LoRA on the full run's model: recompute in f32 matches, and a bf16 base trains
     let base = o1.join("final");
@@ -772,7 +833,9 @@ fn recompute_trains_the_same_model_and_resumes() {
     let (la, lb) = (model_bytes(&a.join("final")), model_bytes(&b.join("final")));
     let diff = max_abs_diff(&la, &lb);
     assert!(diff <= 1e-4, "LoRA: recomputed weights differ by {diff}");
-    assert!(la.iter().zip(&model_bytes(&base)).any(|(x, y)| x != y));
+    let base_w = model_bytes(&base);
+    assert_eq!(la.len(), base_w.len());
+    assert!(la.iter().zip(&base_w).any(|(x, y)| x != y));
 
     // bf16 base: the adapters train in f32 and the result stays near the f32 run (bf16 keeps
     // 8 bits of mantissa: the merged weights of a 6-step run agree to a few 1e-2)
@@ -1000,8 +1063,11 @@ fn resume_passes_over_a_damaged_checkpoint() {
         let s =
             train(&cfg, &run, &resume).unwrap_or_else(|e| panic!("{name}: resume failed: {e:#}"));
         assert_eq!(s.steps, 6, "{name}");
-        let diff = max_abs_diff(&want, &model_bytes(&run.join("final")));
-        assert!(diff <= 1e-5, "{name}: final weights differ by {diff}");
+        assert_same_bits(
+            &want,
+            &model_bytes(&run.join("final")),
+            &format!("{name}: final weights"),
+        );
     }
     // every checkpoint damaged: nothing to resume from
     let run = dir.path().join("none");

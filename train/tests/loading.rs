@@ -8,6 +8,9 @@ use decision_train::model::Batch;
 use decision_train::weights::{self, HfTensor, SaveDtype, WeightSource};
 use decision_train::{DecisionModel, LoadOptions};
 
+#[path = "../../tests/support/checkers.rs"]
+mod checkers;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/model")
@@ -186,9 +189,11 @@ fn saved_model_reloads_identically_in_hf_layout() {
         let half = tempfile::tempdir().unwrap();
         m.save_as(half.path(), SaveDtype::BF16).unwrap();
         let hb = load(half.path().to_str().unwrap()).unwrap();
-        let d = last_logits(&m, text)
+        let (full, bf16) = (last_logits(&m, text), last_logits(&hb, text));
+        assert_eq!(full.len(), bf16.len());
+        let d = full
             .iter()
-            .zip(last_logits(&hb, text))
+            .zip(bf16)
             .map(|(x, y)| (x - y).abs())
             .fold(0f32, f32::max);
         assert!(d < 0.2, "{name}: bf16 copy differs by {d}");
@@ -282,18 +287,21 @@ fn transformers_python() -> Result<PathBuf, String> {
 
 /// What we save is what transformers loads: scripts/check_saved_qwen3.py opens each saved copy
 /// with `AutoModelForCausalLM.from_pretrained` (no missing or unexpected weights) and matches its
-/// logits to the fixture's expected.json within 1e-4. Needs torch + transformers (not in CI):
-/// `DECISION_PYTHON=/work/refenv/bin/python cargo test -p decision-train --test loading`.
+/// logits to the fixture's expected.json within 1e-4. Needs torch + transformers, which CI does
+/// not install (NOT RUN there): `python3 -m venv ref && ref/bin/pip install -r
+/// scripts/requirements-model.txt`, then `DECISION_PYTHON=ref/bin/python cargo test -p
+/// decision-train --test loading`.
 #[test]
 fn transformers_loads_what_we_save() {
     let py = match transformers_python() {
         Ok(py) => py,
         Err(why) => {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "transformers_loads_what_we_save: NOT RUN ({why}); \
-                 set DECISION_PYTHON to a Python with scripts/requirements-model.txt"
+            checkers::not_run(
+                "transformers_loads_what_we_save",
+                "transformers",
+                &format!(
+                    "{why}; set DECISION_PYTHON to a Python with scripts/requirements-model.txt"
+                ),
             );
             return;
         }

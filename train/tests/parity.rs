@@ -68,6 +68,7 @@ fn logits(m: &DecisionModel, rows: &[Vec<u32>]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>
 }
 
 fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)
         .flat_map(|(x, y)| {
@@ -89,6 +90,7 @@ fn check_model(name: &str, dir: &Path, dtype_key: &str) {
         .collect();
     let want_ids = ids(&case["input_ids"]);
     // The Rust tokenizer agrees with the Python one on the same tokenizer.json.
+    assert_eq!(prompts.len(), want_ids.len());
     for (p, want) in prompts.iter().zip(&want_ids) {
         let got = m
             .tokenizer()

@@ -73,6 +73,7 @@ fn states() -> Vec<State> {
 }
 
 fn max_diff(a: &[decision_train::Scores], b: &[decision_train::Scores]) -> f64 {
+    assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)
         .flat_map(|(x, y)| {
@@ -133,11 +134,13 @@ fn temperature_applies_per_decision_point() {
     let s = states();
     let plain = base.score(&s, 4).unwrap();
     let tempered = hot.score(&s, 4).unwrap();
+    assert_eq!((plain.len(), tempered.len()), (s.len(), s.len()));
     for ((st, p), t) in s.iter().zip(&plain).zip(&tempered) {
         let temp = if st.point == "tool" { 2.5 } else { 0.5 };
         assert_eq!(t.temperature, temp);
         let raw: Vec<f64> = p.logits.clone();
         let (want, _) = decision_train::score::softmax_t(&raw, temp);
+        assert_eq!(want.len(), t.probs.len());
         for (a, b) in want.iter().zip(&t.probs) {
             assert!((a - b).abs() < 1e-6, "{}: {a} vs {b}", st.id);
         }
@@ -276,6 +279,7 @@ fn score_command_writes_one_line_per_state() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(rows.len(), states().len());
+    assert_eq!(want.len(), rows.len());
     for ((row, st), sc) in rows.iter().zip(states()).zip(want) {
         assert_eq!(row["id"], st.id.as_str());
         assert_eq!(row["pick"], st.candidates[sc.pick_index].id.as_str());

@@ -1,0 +1,37 @@
+//! Reference checkers that a test needs but a machine may lack (coremltools, a Vulkan driver,
+//! torch + transformers). Included by the tests that use them (`#[path] mod checkers;`), so every
+//! crate's tests skip, and fail, the same way.
+//!
+//! On a developer machine a missing checker is reported as `NOT RUN` on stderr (past the test
+//! harness's capture) and the test returns early. `$DECISION_REQUIRE_CHECKERS` lists the checkers
+//! that must be there (comma- or space-separated names, e.g. `coremltools,vulkan`; `.ci/run`
+//! sets it to what it installs): for those, a missing checker fails the test.
+
+#![allow(dead_code)]
+
+/// The environment variable listing the checkers that must be present.
+pub const REQUIRE_ENV: &str = "DECISION_REQUIRE_CHECKERS";
+
+/// Whether `$DECISION_REQUIRE_CHECKERS` names `checker`.
+pub fn required(checker: &str) -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| {
+        v.split(|c: char| c == ',' || c.is_whitespace())
+            .any(|name| name == checker)
+    })
+}
+
+/// `test` could not run `checker` (`reason` says why): a failure when the checker is required,
+/// else a loud `NOT RUN` line, after which the caller returns.
+pub fn not_run(test: &str, checker: &str, reason: &str) {
+    if required(checker) {
+        panic!(
+            "{test}: {checker} is required (${REQUIRE_ENV} names it) but could not run: {reason}"
+        );
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** NOT RUN {test}: {checker} is not available: {reason}.\n*** (${REQUIRE_ENV}={checker} \
+         turns this into a failure; .ci/run sets it for the checkers it installs)\n"
+    );
+}
