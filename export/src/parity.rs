@@ -132,7 +132,7 @@ impl TractModel {
 
 impl Scorer for TractModel {
     fn describe(&self) -> String {
-        "tract-onnx 0.23.9".into()
+        format!("tract-onnx {}", env!("TRACT_ONNX_VERSION"))
     }
 
     fn score(&self, b: &Batch) -> Result<Scores> {
@@ -243,6 +243,28 @@ fn max_gap(max: f32, x: f32, y: f32) -> f32 {
     }
 }
 
+/// That `s` holds one row of `b.options` values per row of `b`, logits and probabilities both, so
+/// a short answer cannot pass the gate by comparing fewer values.
+fn check_shape(s: &Scores, b: &Batch, who: &str, batch_index: usize) -> Result<()> {
+    for (what, rows) in [("option_probs", &s.probs), ("option_logits", &s.logits)] {
+        if rows.len() != b.batch {
+            bail!(
+                "batch {batch_index}: {who} returned {} rows of {what} for a batch of {}",
+                rows.len(),
+                b.batch
+            );
+        }
+        if let Some((r, row)) = rows.iter().enumerate().find(|(_, r)| r.len() != b.options) {
+            bail!(
+                "batch {batch_index}, row {r}: {who} returned {} {what} for {} options",
+                row.len(),
+                b.options
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Compare a candidate with a reference on every batch.
 pub fn compare(
     file: &str,
@@ -253,11 +275,13 @@ pub fn compare(
 ) -> Result<ParityReport> {
     let tol = tolerance(dtype);
     let (mut max_dp, mut max_dl, mut samples, mut mismatches, mut ties) = (0f32, 0f32, 0, 0, 0);
-    for b in batches {
+    for (i, b) in batches.iter().enumerate() {
         let got = candidate
             .score(b)
             .with_context(|| format!("running {file}"))?;
         let want = reference.score(b).context("running the reference")?;
+        check_shape(&got, b, file, i)?;
+        check_shape(&want, b, "the reference", i)?;
         for (row, (g, w)) in got.probs.iter().zip(&want.probs).enumerate() {
             samples += 1;
             for (x, y) in g.iter().zip(w) {
@@ -349,5 +373,58 @@ mod tests {
                 .passed
         );
         assert!(Batch::left_padded(&[(&[1], &[1, 2]), (&[1], &[1])], 0).is_err());
+    }
+
+    #[test]
+    fn the_runtime_named_is_the_tract_onnx_the_workspace_pins() {
+        let root =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml")).unwrap();
+        let pin = root
+            .lines()
+            .find_map(|l| l.strip_prefix("tract-onnx = \"="))
+            .and_then(|l| l.strip_suffix('"'))
+            .expect("Cargo.toml pins tract-onnx");
+        assert_eq!(env!("TRACT_ONNX_VERSION"), pin);
+    }
+
+    #[test]
+    fn a_short_answer_fails_the_gate_instead_of_comparing_less() {
+        let b = Batch::left_padded(&[(&[5, 6], &[1, 2]), (&[8], &[2, 1])], 0).unwrap();
+        let reference = Fixed(vec![vec![0.7, 0.3], vec![0.4, 0.6]]);
+        // One row missing: the rows that are there agree exactly.
+        let short = Fixed(vec![vec![0.7, 0.3]]);
+        let e = compare(
+            "onnx",
+            &short,
+            &reference,
+            std::slice::from_ref(&b),
+            DType::F32,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "batch 0: onnx returned 1 rows of option_probs for a batch of 2"
+        );
+        // One option missing in the second row.
+        let narrow = Fixed(vec![vec![0.7, 0.3], vec![0.4]]);
+        let e = compare(
+            "onnx",
+            &narrow,
+            &reference,
+            std::slice::from_ref(&b),
+            DType::F32,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "batch 0, row 1: onnx returned 1 option_probs for 2 options"
+        );
+        // The reference short: named as such.
+        let e = compare("onnx", &reference, &short, &[b], DType::F32)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the reference returned 1 rows"), "{e}");
     }
 }

@@ -1,10 +1,18 @@
 //! The sample states the parity gate runs: `--check-data`, else the run's validation states,
 //! else a fixed set of probe states built here (so an export is never published unchecked).
+//! The probe states also go into every ONNX bundle, with the reference's answers (`probes.json`),
+//! so `bundle verify` can run the bundle's model on them again.
 
 use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use decision_data::{Candidate, State, ValidateOptions};
+use decision_train::DecisionModel;
+use serde::{Deserialize, Serialize};
+
+use crate::coreml::check::{CheckSample, samples_from};
+use crate::parity::Batch;
+use crate::source::BurnScorer;
 
 /// At most `limit` states, spread over the file(s) rather than only the first rows: every
 /// `len / limit`-th state.
@@ -34,8 +42,25 @@ pub fn read(path: &Path, max_options: usize, limit: usize) -> Result<Vec<State>>
     Ok(spread(states, limit))
 }
 
+/// The option counts probed for a model that takes up to `max_options`: every count from 2 to 6,
+/// then about ×1.5 apart (8, 12, 18, …), and `max_options` itself, so the widest decision the
+/// model accepts is always run.
+pub fn option_counts(max_options: usize) -> Vec<usize> {
+    let widest = max_options.max(2);
+    let mut counts: Vec<usize> = (2..=widest.min(6)).collect();
+    let mut k = 8;
+    while k < widest {
+        counts.push(k);
+        k = k * 3 / 2;
+    }
+    if counts.last() != Some(&widest) {
+        counts.push(widest);
+    }
+    counts
+}
+
 /// Probe states for a model without data of its own: each decision point the model knows
-/// (or `tool`, `stop`, `route`), option counts from 2 to `max_options.min(6)`, short and long
+/// (or `tool`, `stop`, `route`), each of [`option_counts`]`(max_options)`, short and long
 /// contexts. Their answers are irrelevant: the gate compares two implementations of one model.
 pub fn probes(points: &[String], max_options: usize) -> Vec<State> {
     let defaults = ["tool".to_string(), "stop".to_string(), "route".to_string()];
@@ -56,15 +81,21 @@ pub fn probes(points: &[String], max_options: usize) -> Vec<State> {
          receipt; the agent called search_docs and got 3 results. "
             .repeat(3),
     ];
-    let widest = max_options.clamp(2, 6);
     let mut out = Vec::new();
     for (i, point) in points.iter().enumerate() {
-        for k in 2..=widest {
+        for k in option_counts(max_options) {
             let context = &contexts[(i + k) % contexts.len()];
             let candidates = (0..k)
-                .map(|j| Candidate {
-                    id: format!("c{j}"),
-                    label: names[(i + j) % names.len()].to_string(),
+                .map(|j| {
+                    let name = names[(i + j) % names.len()];
+                    Candidate {
+                        id: format!("c{j}"),
+                        // Past the eighth option, `refund_order_2` and so on: no label twice.
+                        label: match j / names.len() {
+                            0 => name.to_string(),
+                            n => format!("{name}_{}", n + 1),
+                        },
+                    }
                 })
                 .collect();
             out.push(State {
@@ -84,15 +115,92 @@ pub fn probes(points: &[String], max_options: usize) -> Vec<State> {
     out
 }
 
+/// The bundle file holding the probe states, as tokens, with the export's reference answers:
+/// `bundle verify` runs them through the bundle's model again (see [`crate::verify`]).
+pub const PROBES_FILE: &str = "probes.json";
+pub const PROBES_SCHEMA: &str = "decision-probes/1";
+
+/// `probes.json`: one batch-1 sample per probe state ([`probes`]), named by the state's id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeFile {
+    pub schema: String,
+    /// What computed the recorded answers (the export's reference forward pass).
+    pub reference: String,
+    pub probes: Vec<CheckSample>,
+}
+
+/// Score the probe states of `model` (its points, up to its `max_options`) with the reference
+/// forward pass at `temperature`.
+pub fn record_probes(
+    model: &DecisionModel,
+    reference: &str,
+    temperature: f64,
+) -> Result<ProbeFile> {
+    let states = probes(&model.spec.points, model.spec.max_options);
+    let mut batches = Vec::new();
+    let mut ids = Vec::new();
+    for k in option_counts(model.spec.max_options) {
+        let group: Vec<&State> = states.iter().filter(|s| s.candidates.len() == k).collect();
+        for chunk in group.chunks(8) {
+            let rows = chunk
+                .iter()
+                .map(|s| {
+                    model
+                        .encode(s)
+                        .with_context(|| format!("encoding probe state {:?}", s.id))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<(&[u32], &[u32])> = rows
+                .iter()
+                .map(|e| (e.input_ids.as_slice(), e.option_token_ids.as_slice()))
+                .collect();
+            batches.push(Batch::left_padded(&refs, model.pad_id)?);
+            ids.extend(chunk.iter().map(|s| s.id.clone()));
+        }
+    }
+    let scorer = BurnScorer {
+        model,
+        temperature,
+        label: reference.to_string(),
+    };
+    let mut samples = samples_from(&scorer, &batches, temperature)?;
+    if samples.len() != ids.len() {
+        bail!(
+            "the reference scored {} probe states, {} were asked",
+            samples.len(),
+            ids.len()
+        );
+    }
+    for (s, id) in samples.iter_mut().zip(ids) {
+        s.id = id;
+    }
+    Ok(ProbeFile {
+        schema: PROBES_SCHEMA.into(),
+        reference: reference.to_string(),
+        probes: samples,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn probes_cover_points_and_option_counts_and_spread_keeps_the_ends() {
+        assert_eq!(option_counts(2), [2]);
+        assert_eq!(option_counts(4), [2, 3, 4]);
+        assert_eq!(option_counts(7), [2, 3, 4, 5, 6, 7]);
+        assert_eq!(option_counts(16), [2, 3, 4, 5, 6, 8, 12, 16]);
+        assert_eq!(option_counts(26), [2, 3, 4, 5, 6, 8, 12, 18, 26]);
         let p = probes(&[], 4);
         assert_eq!(p.len(), 3 * 3);
         assert!(p.iter().all(|s| (2..=4).contains(&s.candidates.len())));
+        // Up to max_options, every label distinct.
+        let wide = probes(&["tool".into()], 26);
+        let widest = wide.iter().find(|s| s.id == "probe-tool-26").unwrap();
+        let labels: std::collections::BTreeSet<&str> =
+            widest.candidates.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(labels.len(), 26);
         let ids: Vec<&str> = p.iter().map(|s| s.id.as_str()).collect();
         assert!(ids.contains(&"probe-route-4"));
         let many = probes(&["a".into(), "b".into(), "c".into(), "d".into()], 26);

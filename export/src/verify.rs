@@ -9,6 +9,12 @@
 //! - `adapter/`: a PEFT LoRA adapter whose keys fit the model's config;
 //! - `model.onnx`: decodes, has the contract interface, the opset the manifest says, external data
 //!   that stays inside the bundle and within its file, and the manifest's parameter count;
+//! - `probes.json` (every bundle with `model.onnx`): the probe states, as tokens, with the
+//!   export's reference answers; `model.onnx` runs on each again, in tract as the export's parity
+//!   gate ran it, and must reproduce them within the gate's tolerance (so rewritten weights fail
+//!   even when the manifest's hashes and claims were rewritten to match). The probes must include
+//!   a decision as wide as decision.json's `max_options`. This runs last, on a bundle that passed
+//!   every other check;
 //! - `model.mlpackage`: its structure (manifest, spec version, ML Program, opset, weight records)
 //!   and the manifest's facts about it;
 //! - `verified_with`: every model file has a parity check that passed (for model.mlpackage, one
@@ -22,7 +28,10 @@ use serde_json::Value;
 
 use crate::Qwen3Config;
 use crate::bundle::{self, Manifest};
+use crate::graph::DType;
 use crate::onnx;
+use crate::parity::{self, Batch, Scorer, Scores, TractModel};
+use crate::samples::{self, ProbeFile};
 
 /// The outcome: files checked and problems found (empty = the bundle is sound).
 #[derive(Debug, Default)]
@@ -130,6 +139,14 @@ pub fn verify(dir: &Path) -> Verdict {
         v.problems.push(format!("{}: {e:#}", c.file));
     }
     check_verifications(&manifest, &mut v);
+    // Last, and only on a bundle sound in every other respect (running the model is the slow
+    // part): the model on the probe states again.
+    if v.problems.is_empty()
+        && let Some(o) = &manifest.formats.onnx
+        && let Err(e) = rerun_probes(dir, o, &manifest)
+    {
+        v.problems.push(format!("{}: {e:#}", samples::PROBES_FILE));
+    }
     v
 }
 
@@ -329,6 +346,123 @@ fn check_onnx(dir: &Path, o: &bundle::OnnxFacts, m: &Manifest) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Run `model.onnx` on the bundle's probe states with tract and hold it to their recorded answers.
+fn rerun_probes(dir: &Path, o: &bundle::OnnxFacts, m: &Manifest) -> Result<()> {
+    if !m.files.iter().any(|f| f.path == samples::PROBES_FILE) {
+        anyhow::bail!(
+            "missing: a bundle with {} must hold the probe states its export recorded, to run \
+             the model on again",
+            o.file
+        );
+    }
+    let dtype = match m.model.dtype.as_str() {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        other => anyhow::bail!("manifest.json: model.dtype {other:?} is not f32 or f16"),
+    };
+    let spec = decision_train::DecisionSpec::from_file(&dir.join(bundle::DECISION))
+        .with_context(|| format!("reading {}", bundle::DECISION))?;
+    let model = TractModel::load(&dir.join(&o.file))?;
+    check_probes(dir, &model, dtype, spec.max_options).map(|_| ())
+}
+
+/// A probe's recorded answer, replayed.
+struct Recorded<'a>(&'a crate::coreml::check::CheckSample);
+
+impl Scorer for Recorded<'_> {
+    fn describe(&self) -> String {
+        "the answers recorded in probes.json".into()
+    }
+    fn score(&self, _: &Batch) -> Result<Scores> {
+        Ok(Scores {
+            logits: vec![self.0.option_logits.clone()],
+            probs: vec![self.0.probs.clone()],
+        })
+    }
+}
+
+/// Read `probes.json` in `dir` and run `model` on each probe (batch 1, unpadded), with the parity
+/// gate's rule for `dtype` ([`parity::compare`]); an error names every probe that misses, or a
+/// set of probes narrower than `max_options`. Returns how many probes ran and the largest gap.
+pub fn check_probes(
+    dir: &Path,
+    model: &dyn Scorer,
+    dtype: DType,
+    max_options: usize,
+) -> Result<(usize, f32)> {
+    let path = dir.join(samples::PROBES_FILE);
+    let file: ProbeFile = serde_json::from_value(read_json(&path)?)
+        .with_context(|| format!("{}: not a probe file", path.display()))?;
+    if file.schema != samples::PROBES_SCHEMA {
+        anyhow::bail!(
+            "schema is {:?}, this build reads {:?}",
+            file.schema,
+            samples::PROBES_SCHEMA
+        );
+    }
+    let widest = file
+        .probes
+        .iter()
+        .map(|p| p.option_token_ids.len())
+        .max()
+        .unwrap_or(0);
+    if widest < max_options {
+        anyhow::bail!(
+            "the widest probe has {widest} options; decision.json's max_options is {max_options}"
+        );
+    }
+    let mut failed = Vec::new();
+    let mut max_dp = 0f32;
+    for p in &file.probes {
+        let options = p.option_token_ids.len();
+        if p.input_ids.len() != p.attention_mask.len() || p.probs.len() != options {
+            anyhow::bail!(
+                "probe {}: {} input ids, {} mask values, {} recorded probabilities for {options} \
+                 options",
+                p.id,
+                p.input_ids.len(),
+                p.attention_mask.len(),
+                p.probs.len()
+            );
+        }
+        let batch = Batch {
+            batch: 1,
+            seq: p.input_ids.len(),
+            options,
+            input_ids: p.input_ids.clone(),
+            attention_mask: p.attention_mask.clone(),
+            option_token_ids: p.option_token_ids.clone(),
+        };
+        let r = parity::compare(&p.id, model, &Recorded(p), &[batch], dtype)
+            .with_context(|| format!("probe {}", p.id))?;
+        max_dp = max_dp.max(r.max_abs_dp);
+        if !r.passed {
+            failed.push(format!(
+                "probe {} ({options} options): max |Δp| {:.3e} (tolerance {:.0e}){}",
+                p.id,
+                r.max_abs_dp,
+                r.tolerance,
+                if r.pick_mismatches > 0 {
+                    ", a different pick"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} reproduces {} of {} probe answers recorded by {}: {}",
+            model.describe(),
+            file.probes.len() - failed.len(),
+            file.probes.len(),
+            file.reference,
+            failed.join("; ")
+        );
+    }
+    Ok((file.probes.len(), max_dp))
 }
 
 /// `model.mlpackage`: its structure ([`crate::coreml::verify_package`]) and the facts the

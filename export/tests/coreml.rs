@@ -1,5 +1,6 @@
 //! The Core ML writer: package structure (always), and the coremltools check (when a Python with
-//! coremltools is there: `$DECISION_PYTHON`, else `python3`; `.ci/run` installs one).
+//! coremltools is there: `$DECISION_PYTHON`, else `python3`; `.ci/run` installs one and sets
+//! `DECISION_REQUIRE_CHECKERS=coremltools`, under which a missing coremltools fails these tests).
 //!
 //! The models are the tiny Qwen3 checkpoints of tests/fixtures/export (made by
 //! scripts/make_export_fixtures.py, weights large enough that the option probabilities are far from
@@ -24,6 +25,9 @@ use decision_export::weights::{SafetensorsDir, WeightSource};
 use decision_train::hub::ModelDir;
 use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 use prost::Message;
+
+#[path = "../../tests/support/checkers.rs"]
+mod checkers;
 
 const TEMPERATURE: f32 = 1.7;
 
@@ -103,6 +107,7 @@ fn package_layout_interface_and_weights_are_well_formed() {
     let desc = model.description.as_ref().unwrap();
     let names: Vec<&str> = desc.input.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["input_ids", "attention_mask", "option_token_ids"]);
+    assert_eq!(desc.input.len(), 3);
     for (f, max) in desc.input.iter().zip([128, 128, 8]) {
         let Some(pb::feature_type::Type::MultiArrayType(a)) =
             f.r#type.as_ref().unwrap().r#type.as_ref()
@@ -240,7 +245,8 @@ fn first_blob_offset(model: &pb::Model) -> u64 {
 
 // ---- the coremltools check -----------------------------------------------------------------
 
-/// The Python to run the check with, or `None` (after saying so loudly) when there is none.
+/// The Python to run the check with, or `None` (after saying so loudly, or failing when
+/// `$DECISION_REQUIRE_CHECKERS` names coremltools) when there is none.
 fn python(test: &str) -> Option<PathBuf> {
     match check::find_python() {
         Python::Ready {
@@ -254,14 +260,13 @@ fn python(test: &str) -> Option<PathBuf> {
             Some(interpreter)
         }
         Python::Missing { reason } => {
-            // Straight to the process's stderr, past the test harness's capture, so the skip is
-            // seen even when the test "passes".
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED {test}: the coremltools check did not run: {reason}.\n*** .ci/run \
-                 installs it; locally: DECISION_PYTHON=/path/to/python cargo test -p decision-export \
-                 --test coreml\n"
+            checkers::not_run(
+                test,
+                "coremltools",
+                &format!(
+                    "{reason}; .ci/run installs it; locally: DECISION_PYTHON=/path/to/python cargo \
+                     test -p decision-export --test coreml"
+                ),
             );
             None
         }
@@ -339,6 +344,7 @@ fn coremltools_rebuilds_the_program_and_reproduces_burn() {
         let refs: Vec<&Path> = pkgs.iter().map(PathBuf::as_path).collect();
         // No tolerance given: the script picks it from the package's weight type.
         let reports = check::run_checks(&py, &refs, &samples, None, 0).unwrap();
+        assert_eq!(reports.len(), pkgs.len());
         for ((dtype, r), pkg) in dtypes.iter().zip(&reports).zip(&pkgs) {
             assert_eq!(Path::new(&r.package), pkg.as_path());
             lines.push(format!(
@@ -464,6 +470,7 @@ fn the_check_rejects_broken_packages() {
         ("milproto", "axes"),
         ("explicit_parameters", "['validate_indices'] left implicit"),
     ];
+    assert_eq!(reports.len(), expect.len(), "{reports:?}");
     for ((step, needle), r) in expect.iter().zip(&reports) {
         assert!(!r.passed, "accepted: {needle}: {r:?}");
         assert_eq!(r.failed_step.as_deref(), Some(*step), "{r:?}");
@@ -478,11 +485,11 @@ fn the_check_rejects_broken_packages() {
 // ---- decision export --formats coreml ------------------------------------------------------
 
 use decision_export::bundle::Manifest;
-use decision_export::cli::{ExportArgs, Format, WeightDtype, export};
 use decision_export::verify::verify;
+use decision_export::{ExportOptions, Format, WeightDtype, run};
 
-fn export_args(out: &Path) -> ExportArgs {
-    ExportArgs {
+fn export_args(out: &Path) -> ExportOptions {
+    ExportOptions {
         run: None,
         model: Some(fixtures().join("tiny").display().to_string()),
         adapter: None,
@@ -507,7 +514,7 @@ fn read_manifest(bundle: &Path) -> Manifest {
 fn export_writes_the_package_into_the_bundle_and_says_which_checks_ran() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("bundle");
-    let lines = export(&export_args(&out)).unwrap();
+    let lines = run(&export_args(&out)).unwrap();
     eprintln!("{}", lines.join("\n"));
     let m = read_manifest(&out);
     // Without --dtype: ONNX f32, Core ML f16.
@@ -599,12 +606,11 @@ fn export_writes_the_package_into_the_bundle_and_says_which_checks_ran() {
                 .any(|l| l.contains("coremltools") && l.contains("max |Δp|"))
         );
     } else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "*** export_writes_the_package_into_the_bundle_and_says_which_checks_ran: the \
-             coremltools check did not run (no $DECISION_PYTHON with coremltools); testing that \
-             the export records it as not run"
+        checkers::not_run(
+            "export_writes_the_package_into_the_bundle_and_says_which_checks_ran",
+            "coremltools",
+            "no $DECISION_PYTHON with coremltools; testing that the export records its check as \
+             not run",
         );
         assert_eq!(
             (&parity["ran"], &parity["passed"]),
@@ -677,7 +683,7 @@ fn coreml_alone_with_f32_weights() {
     a.model = Some(fixtures().join("gqa3").display().to_string());
     a.formats = vec![Format::Coreml];
     a.dtype = Some(WeightDtype::F32);
-    export(&a).unwrap();
+    run(&a).unwrap();
     let m = read_manifest(&out);
     assert!(m.formats.onnx.is_none());
     let c = m.formats.coreml.as_ref().unwrap();

@@ -35,7 +35,7 @@ pub fn wilson(s: u64, n: u64, level: f64) -> Option<(f64, f64)> {
 }
 
 /// Wilson lower bound, or the plain rate when `bound` is off; `None` for `n = 0`.
-pub fn lower_bound(s: u64, n: u64, level: f64, use_wilson: bool) -> Option<f64> {
+pub(crate) fn lower_bound(s: u64, n: u64, level: f64, use_wilson: bool) -> Option<f64> {
     if n == 0 {
         None
     } else if use_wilson {
@@ -124,7 +124,7 @@ const F: [f64; 8] = [
 ];
 
 /// Quantile of the standard normal distribution (Wichura 1988, algorithm AS 241, PPND16).
-pub fn norm_ppf(p: f64) -> f64 {
+pub(crate) fn norm_ppf(p: f64) -> f64 {
     if p.is_nan() || !(0.0..=1.0).contains(&p) {
         return f64::NAN;
     }
@@ -150,7 +150,7 @@ pub fn norm_ppf(p: f64) -> f64 {
 
 /// ln Γ(x) for x > 0: Lanczos approximation (g = 7, 9 terms) below 10, Stirling's series with
 /// five correction terms above (both near double precision in their range).
-pub fn ln_gamma(x: f64) -> f64 {
+pub(crate) fn ln_gamma(x: f64) -> f64 {
     if x < 0.5 {
         // reflection
         return (std::f64::consts::PI / (std::f64::consts::PI * x).sin()).ln() - ln_gamma(1.0 - x);
@@ -236,7 +236,7 @@ fn beta_cf(x: f64, a: f64, b: f64) -> f64 {
 }
 
 /// The regularised incomplete beta function I_x(a, b).
-pub fn beta_cdf(x: f64, a: f64, b: f64) -> f64 {
+pub(crate) fn beta_cdf(x: f64, a: f64, b: f64) -> f64 {
     if x <= 0.0 {
         return 0.0;
     }
@@ -258,7 +258,7 @@ fn beta_ln_pdf(x: f64, a: f64, b: f64) -> f64 {
 
 /// Quantile of Beta(a, b): the x in [0, 1] with I_x(a, b) = p. Newton steps kept inside a
 /// shrinking bracket (bisection when a step leaves it), to double precision.
-pub fn beta_ppf(p: f64, a: f64, b: f64) -> f64 {
+pub(crate) fn beta_ppf(p: f64, a: f64, b: f64) -> f64 {
     assert!(a > 0.0 && b > 0.0, "beta_ppf needs a, b > 0");
     if p <= 0.0 {
         return 0.0;

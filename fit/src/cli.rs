@@ -52,7 +52,7 @@ pub struct FitOutcome {
 }
 
 /// `<out>.quarantine.jsonl` beside the output: `thresholds.json` → `thresholds.quarantine.jsonl`.
-pub fn quarantine_path(out: &Path) -> PathBuf {
+pub(crate) fn quarantine_path(out: &Path) -> PathBuf {
     let stem = out
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

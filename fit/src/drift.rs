@@ -135,7 +135,7 @@ fn tested(threshold: f64, n: u64, success: u64, level: f64) -> Option<Tested> {
 
 /// One row per point in either file (a point only in the previous file gets a row with
 /// `new_status = "no receipts"`).
-pub fn compare(
+pub(crate) fn compare(
     prev: &Previous,
     aggs: &BTreeMap<String, PointAgg>,
     fits: &BTreeMap<String, PointFit>,
@@ -232,7 +232,7 @@ fn num(x: Option<f64>) -> String {
 }
 
 /// The comparison as a Markdown table.
-pub fn markdown(rows: &[DriftRow]) -> String {
+pub(crate) fn markdown(rows: &[DriftRow]) -> String {
     let mut s = String::from(
         "| point | threshold old → new | coverage old → new | success old → new | share ≥ old threshold (old data → new data) | old threshold on new data: success [interval] vs target | change |\n|---|---|---|---|---|---|---|\n",
     );

@@ -4,17 +4,17 @@
 //! One streaming pass aggregates per point ([`aggregate`]); each point's policy picks a
 //! threshold from its confidence buckets ([`policy`], with the bounds of [`bounds`]); the
 //! result is written as thresholds.json ([`thresholds`]), compared with a previous file
-//! ([`drift`]) and shown in a report ([`report`]). [`synth`] makes receipts for the demo,
+//! ([`drift`]) and shown in a report (`report.rs`). [`synth`] makes receipts for the demo,
 //! the cross-check and the benchmark.
 
 pub mod aggregate;
 pub mod bounds;
-pub mod cli;
-pub mod config;
+mod cli;
+mod config;
 pub mod drift;
 mod outputs;
 pub mod policy;
-pub mod report;
+mod report;
 pub mod synth;
 pub mod thresholds;
 

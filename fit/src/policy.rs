@@ -21,7 +21,7 @@ pub struct Buckets {
 }
 
 /// Round to 12 decimals.
-pub fn round12(x: f64) -> f64 {
+pub(crate) fn round12(x: f64) -> f64 {
     (x * 1e12).round() / 1e12
 }
 
@@ -93,12 +93,12 @@ pub struct Decision {
 }
 
 /// The lower end `lower` of a bucket: the Wilson lower bound at `level`, or the rate.
-pub fn bucket_lower(c: BucketCount, policy: &PointPolicy) -> Option<f64> {
+pub(crate) fn bucket_lower(c: BucketCount, policy: &PointPolicy) -> Option<f64> {
     bounds::lower_bound(c.success, c.n, policy.level, policy.bound == Bound::Wilson)
 }
 
 /// Run the point's policy over its buckets (judged counts per bucket, bottom to top).
-pub fn decide(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
+pub(crate) fn decide(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
     match policy.kind {
         PolicyKind::Bucket | PolicyKind::Cost => bucket_rule(counts, policy),
         PolicyKind::Risk => risk_rule(counts, policy),
@@ -109,7 +109,7 @@ pub fn decide(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
 /// a bucket is acceptable when its `lower ≥ target`; stop at the first unacceptable one. The
 /// threshold is the lower edge of the lowest acceptable bucket reached, so an unacceptable
 /// bucket blocks every bucket below it.
-pub fn bucket_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
+pub(crate) fn bucket_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
     let mut any_counted = false;
     let mut lowest_ok = None;
     for i in (0..counts.len()).rev() {
@@ -148,7 +148,7 @@ pub fn bucket_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
 /// last candidate passed. `insufficient-data` when no candidate reached `min_count` records
 /// (i.e. fewer judged records than `min_count` in all), `no-acceptable-bucket` when the first
 /// candidate tested failed.
-pub fn risk_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
+pub(crate) fn risk_rule(counts: &[BucketCount], policy: &PointPolicy) -> Decision {
     let (mut n, mut s) = (0u64, 0u64);
     let mut tested = false;
     let mut last_pass = None;

@@ -4,7 +4,6 @@
 //! a risk–coverage curve over the candidate thresholds with the chosen one marked.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
@@ -408,19 +407,4 @@ td,th{{border:1px solid #ccc;padding:3px 7px;font-size:13px}}th{{background:#f3f
 .charts{{display:flex;gap:1em;flex-wrap:wrap}}.bad{{font-family:monospace;font-size:12px}}\
 </style></head><body>\n{body}</body></html>\n"
     ))
-}
-
-/// Write report.md and report.html into `dir` (atomically).
-pub fn write(
-    dir: &Path,
-    t: &Thresholds,
-    drift_rows: Option<&[DriftRow]>,
-    bad_lines: &[String],
-    bad_total: u64,
-) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating {}: {e}", dir.display()))?;
-    let md = markdown(t, drift_rows, bad_lines, bad_total);
-    decision_data::atomic::write_atomic(dir.join("report.md"), md.as_bytes())?;
-    decision_data::atomic::write_atomic(dir.join("report.html"), html(t, &md)?.as_bytes())?;
-    Ok(())
 }

@@ -44,7 +44,7 @@ pub struct GenReceiptsArgs {
 }
 
 /// One receipt; `i` numbers it (ids and times follow it).
-pub fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
+pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
     let u: f64 = rng.random();
     let point = match u {
         u if u < 0.55 => "tool",
@@ -205,7 +205,7 @@ fn at_of(i: u64) -> String {
 }
 
 /// Stream `n` receipts into the writer for the file's extension.
-pub fn generate(args: &GenReceiptsArgs) -> Result<u64> {
+pub(crate) fn generate(args: &GenReceiptsArgs) -> Result<u64> {
     if !(0.0..=1.0).contains(&args.bad) {
         bail!("--bad {} must lie in [0, 1]", args.bad);
     }

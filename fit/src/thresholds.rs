@@ -6,9 +6,6 @@
 //! cost parameters, and per bucket `mean_confidence` and `accepted`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-
-use anyhow::Result;
 use serde::Serialize;
 
 use crate::aggregate::{Counts, PointAgg};
@@ -176,9 +173,4 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
         records: c.valid,
         counts: c.clone(),
     }
-}
-
-/// Write thresholds.json atomically (temporary file, fsync, rename).
-pub(crate) fn write(path: &Path, t: &Thresholds) -> Result<()> {
-    decision_data::atomic::write_json_atomic(path, t)
 }
