@@ -196,6 +196,7 @@ pub fn publish_dir(staged: &Path, target: &Path, aside: &Path) -> Result<()> {
 /// A folder being written: filled at [`StagedDir::path`], a hidden sibling of its target, and put
 /// at the target whole by [`StagedDir::publish`]. Dropped unpublished, the staging folder is
 /// removed and the target left as it was.
+#[derive(Debug)]
 pub struct StagedDir {
     target: PathBuf,
     tmp: PathBuf,
