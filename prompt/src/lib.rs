@@ -4,14 +4,17 @@
 //!
 //! - [`spec`]: `decision.json` (template, labels and their token ids, bounds, temperatures,
 //!   the worker's point rules);
-//! - [`prompt`]: the template, rendering and encoding ([`Prompter`]);
+//! - [`template`]: the prompt template and its parser;
+//! - [`prompt`]: rendering and encoding, truncating the oldest context ([`Prompter`]);
 //! - [`score`]: label logits to probabilities (softmax with a temperature);
 //! - [`tokenizer`]: `tokenizer.json` loading and the checks a decision model needs from it.
 
 pub mod prompt;
 pub mod score;
 pub mod spec;
+pub mod template;
 pub mod tokenizer;
 
 pub use prompt::{Encoded, Prompter};
-pub use spec::{DecisionSpec, PromptTemplate, TemperatureClamp};
+pub use spec::{DecisionSpec, TemperatureClamp};
+pub use template::PromptTemplate;

@@ -5,177 +5,8 @@ use anyhow::{Result, bail};
 use decision_data::State;
 use tokenizers::Tokenizer;
 
-use crate::spec::{DecisionSpec, PromptTemplate};
-
-#[derive(Debug, Clone, PartialEq)]
-enum Piece {
-    Text(String),
-    Point,
-    Context,
-    Options,
-}
-
-/// A parsed [`PromptTemplate`].
-#[derive(Debug, Clone)]
-pub struct Template {
-    pieces: Vec<Piece>,
-    option: Vec<OptPiece>,
-    separator: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum OptPiece {
-    Text(String),
-    Label,
-    Body,
-}
-
-#[derive(Debug)]
-enum Lex {
-    Lit(String),
-    Hole(String),
-}
-
-/// Split a template into literal text and `{name}` holes; `{{` and `}}` are literal braces.
-fn lex(text: &str) -> Result<Vec<Lex>> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    let mut lit = String::new();
-    while let Some(i) = rest.find(['{', '}']) {
-        lit.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if tail.starts_with("{{") || tail.starts_with("}}") {
-            lit.push_str(&tail[..1]);
-            rest = &tail[2..];
-            continue;
-        }
-        if tail.starts_with('}') {
-            bail!("template {text:?}: unmatched `}}` (write `}}}}` for a literal brace)");
-        }
-        let Some(end) = tail.find('}') else {
-            bail!("template {text:?}: unclosed `{{` (write `{{{{` for a literal brace)");
-        };
-        if !lit.is_empty() {
-            out.push(Lex::Lit(std::mem::take(&mut lit)));
-        }
-        out.push(Lex::Hole(tail[1..end].to_string()));
-        rest = &tail[end + 1..];
-    }
-    lit.push_str(rest);
-    if !lit.is_empty() {
-        out.push(Lex::Lit(lit));
-    }
-    Ok(out)
-}
-
-impl Template {
-    pub fn parse(t: &PromptTemplate) -> Result<Self> {
-        let mut pieces = Vec::new();
-        for l in lex(&t.text)? {
-            pieces.push(match l {
-                Lex::Lit(s) => Piece::Text(s),
-                Lex::Hole(name) => match name.as_str() {
-                    "point" => Piece::Point,
-                    "context" => Piece::Context,
-                    "options" => Piece::Options,
-                    other => bail!(
-                        "prompt template: unknown placeholder {{{other}}} (use {{point}}, {{context}}, {{options}})"
-                    ),
-                },
-            });
-        }
-        let count = |p: &Piece| pieces.iter().filter(|x| *x == p).count();
-        if count(&Piece::Context) != 1 || count(&Piece::Options) != 1 {
-            bail!("prompt template: {{context}} and {{options}} must each appear exactly once");
-        }
-        let ctx = pieces.iter().position(|p| *p == Piece::Context);
-        let opt = pieces.iter().position(|p| *p == Piece::Options);
-        if ctx > opt {
-            bail!("prompt template: {{context}} must come before {{options}}");
-        }
-        let mut option = Vec::new();
-        for l in lex(&t.option)? {
-            option.push(match l {
-                Lex::Lit(s) => OptPiece::Text(s),
-                Lex::Hole(name) => match name.as_str() {
-                    "label" => OptPiece::Label,
-                    "text" => OptPiece::Body,
-                    other => bail!(
-                        "option template: unknown placeholder {{{other}}} (use {{label}} and {{text}})"
-                    ),
-                },
-            });
-        }
-        if !option.contains(&OptPiece::Label) || !option.contains(&OptPiece::Body) {
-            bail!("option template must contain {{label}} and {{text}}");
-        }
-        Ok(Self {
-            pieces,
-            option,
-            separator: t.option_separator.clone(),
-        })
-    }
-
-    /// The template's fixed words (for building a vocabulary).
-    pub fn literal_text(&self) -> String {
-        let mut s = String::new();
-        for p in &self.pieces {
-            if let Piece::Text(t) = p {
-                s.push_str(t);
-                s.push(' ');
-            }
-        }
-        for p in &self.option {
-            if let OptPiece::Text(t) = p {
-                s.push_str(t);
-                s.push(' ');
-            }
-        }
-        s
-    }
-
-    /// Render with `context`; returns the prompt and the byte range the context occupies.
-    fn render(
-        &self,
-        state: &State,
-        context: &str,
-        labels: &[String],
-    ) -> (String, std::ops::Range<usize>) {
-        let mut out = String::new();
-        let mut span = 0..0;
-        for p in &self.pieces {
-            match p {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Point => out.push_str(&state.point),
-                Piece::Context => {
-                    let start = out.len();
-                    out.push_str(context);
-                    span = start..out.len();
-                }
-                Piece::Options => {
-                    for (i, c) in state.candidates.iter().enumerate() {
-                        if i > 0 {
-                            out.push_str(&self.separator);
-                        }
-                        for op in &self.option {
-                            match op {
-                                OptPiece::Text(t) => out.push_str(t),
-                                // More candidates than labels: `encode` refuses such a state,
-                                // but `render` shows it (the worker renders a refused state
-                                // to tell a too-long prompt from a bad one).
-                                OptPiece::Label => {
-                                    out.push_str(labels.get(i).map_or("?", String::as_str))
-                                }
-                                OptPiece::Body => out.push_str(&c.label),
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        (out, span)
-    }
-}
+use crate::spec::DecisionSpec;
+use crate::template::Template;
 
 /// A state ready for the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -304,7 +135,8 @@ impl Prompter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{DecisionSpec, PromptTemplate, default_labels};
+    use crate::spec::{DecisionSpec, default_labels};
+    use crate::template::PromptTemplate;
     use crate::tokenizer::{WordLevelOptions, build_word_level};
     use decision_data::Candidate;
 
@@ -407,36 +239,10 @@ mod tests {
     }
 
     #[test]
-    fn too_many_options_and_bad_templates_are_refused() {
+    fn too_many_options_are_refused() {
         let p = prompter(512);
         let s = state("w1", &["a", "b", "c", "d", "e"]);
         let e = p.encode(&s).unwrap_err().to_string();
         assert!(e.contains("max_options = 4"), "{e}");
-        for (text, want) in [
-            ("{context} {point}", "exactly once"),
-            ("{options} {context}", "before"),
-            ("{context} {options} {answer}", "unknown placeholder"),
-            ("{context {options}", "unknown placeholder"),
-            ("{context} {options} }", "unmatched"),
-        ] {
-            let t = PromptTemplate {
-                text: text.into(),
-                ..PromptTemplate::plain()
-            };
-            let e = Template::parse(&t).unwrap_err().to_string();
-            assert!(e.contains(want), "{text}: {e}");
-        }
-        let t = PromptTemplate {
-            text: "{{x}} {context} {options}".into(),
-            ..PromptTemplate::plain()
-        };
-        let parsed = Template::parse(&t).unwrap();
-        let s = state("c", &["a", "b"]);
-        assert!(
-            parsed
-                .render(&s, "c", &default_labels())
-                .0
-                .starts_with("{x} c A. a")
-        );
     }
 }

@@ -10,6 +10,10 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+/// The type of [`DecisionSpec::template`] (defined with its parser in [`crate::template`]).
+pub use crate::template::PromptTemplate;
+use crate::template::Template;
+
 pub const SCHEMA: &str = "decision-config/1";
 pub const FILE: &str = "decision.json";
 
@@ -20,48 +24,6 @@ pub fn default_labels() -> Vec<String> {
         .chain('0'..='9')
         .map(String::from)
         .collect()
-}
-
-/// The prompt. `text` holds the placeholders `{point}` (optional), `{context}` and `{options}`
-/// (each exactly once, context before options); everything after `{options}` ends at the answer
-/// slot, where the model's next token is the label of its pick. `{{` and `}}` stand for literal
-/// braces. Each option renders as `option` with `{label}` and `{text}` (the candidate's label),
-/// joined by `option_separator`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PromptTemplate {
-    pub text: String,
-    pub option: String,
-    pub option_separator: String,
-}
-
-const SYSTEM: &str = "You choose the next step for an agent. Answer with the label of one option.";
-
-impl PromptTemplate {
-    /// For tokenizers without chat markers (and the word-level tokenizer of tiny models).
-    pub fn plain() -> Self {
-        Self {
-            text: "Decision: {point}\nContext:\n{context}\nOptions:\n{options}\nAnswer:\n".into(),
-            option: "{label}. {text}".into(),
-            option_separator: "\n".into(),
-        }
-    }
-
-    /// Qwen's chat format; `thinking_markers` adds the empty think block of non-thinking mode.
-    pub fn qwen_chat(thinking_markers: bool) -> Self {
-        let think = if thinking_markers {
-            "<think>\n\n</think>\n\n"
-        } else {
-            ""
-        };
-        Self {
-            text: format!(
-                "<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nDecision: {{point}}\n\n\
-                 Context:\n{{context}}\n\nOptions:\n{{options}}<|im_end|>\n<|im_start|>assistant\n{think}"
-            ),
-            option: "{label}. {text}".into(),
-            option_separator: "\n".into(),
-        }
-    }
 }
 
 /// The contents of `decision.json`.
@@ -284,7 +246,7 @@ impl DecisionSpec {
                 _ => {}
             }
         }
-        crate::prompt::Template::parse(&self.template)?;
+        Template::parse(&self.template)?;
         Ok(())
     }
 
