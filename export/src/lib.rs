@@ -12,7 +12,11 @@ pub mod lora;
 pub mod onnx;
 pub mod parity;
 pub mod progress;
+mod run;
 pub mod samples;
 pub mod source;
 pub mod verify;
 pub mod weights;
+
+/// The export pipeline (`decision export` parses its arguments into [`ExportOptions`]).
+pub use run::{ExportOptions, Format, WeightDtype, run, run_from};

@@ -3,16 +3,16 @@
 
 use std::path::{Path, PathBuf};
 
-use decision_export::cli::{ExportArgs, Format, WeightDtype, export};
+use decision_export::{ExportOptions, Format, WeightDtype, run};
 use decision_export::verify::verify;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")
 }
 
-fn args(out: &Path) -> ExportArgs {
-    let mut a = <ExportArgs as clap::FromArgMatches>::from_arg_matches(
-        &<ExportArgs as clap::Args>::augment_args(clap::Command::new("export"))
+fn args(out: &Path) -> ExportOptions {
+    let mut a = <ExportOptions as clap::FromArgMatches>::from_arg_matches(
+        &<ExportOptions as clap::Args>::augment_args(clap::Command::new("export"))
             .try_get_matches_from([
                 "export",
                 "--model",
@@ -33,7 +33,7 @@ fn args(out: &Path) -> ExportArgs {
 fn a_file_replaced_by_a_symlink_fails_verify() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("bundle");
-    export(&args(&out)).unwrap();
+    run(&args(&out)).unwrap();
     assert!(verify(&out).ok(), "{:?}", verify(&out).problems);
 
     // The same bytes, moved out of the bundle and linked back: every hash still matches.
@@ -54,14 +54,14 @@ fn a_file_replaced_by_a_symlink_fails_verify() {
     std::fs::rename(&outside, out.join("tokenizer.json")).unwrap();
     let mut a = args(&out);
     a.force = true;
-    export(&a).unwrap();
+    run(&a).unwrap();
     assert!(verify(&out).ok());
     let other = root.path().join("other");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("notes.txt"), b"keep").unwrap();
     let mut a = args(&other);
     a.force = true;
-    let e = format!("{:#}", export(&a).unwrap_err());
+    let e = format!("{:#}", run(&a).unwrap_err());
     assert!(e.contains("notes.txt") && e.contains("--force"), "{e}");
     assert_eq!(std::fs::read(other.join("notes.txt")).unwrap(), b"keep");
 }

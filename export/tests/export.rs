@@ -200,12 +200,12 @@ fn external_data_is_aligned_and_complete() {
 // ---- the export command: bundle, gate, verify --------------------------------------------
 
 use decision_export::bundle::Manifest;
-use decision_export::cli::{ExportArgs, Format, WeightDtype, export, export_from};
+use decision_export::{ExportOptions, Format, WeightDtype, run, run_from};
 use decision_export::source::{Origin, Source};
 use decision_export::verify::verify;
 
-fn args(out: &Path) -> ExportArgs {
-    ExportArgs {
+fn args(out: &Path) -> ExportOptions {
+    ExportOptions {
         run: None,
         model: Some(fixtures().join("tiny").display().to_string()),
         adapter: None,
@@ -241,7 +241,7 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
     a.adapter = Some(fixtures().join("tiny-lora"));
     a.thresholds = Some(thresholds);
     a.formats = vec![Format::Onnx, Format::Peft];
-    let lines = export(&a).unwrap();
+    let lines = run(&a).unwrap();
     eprintln!("{}", lines.join("\n"));
 
     let m = manifest(&out);
@@ -255,6 +255,7 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
             "coreml_config.json",
             "decision.json",
             "model.onnx",
+            "probes.json",
             "thresholds.json",
             "tokenizer.json"
         ]
@@ -293,7 +294,7 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
 
     let v = verify(&out);
     assert!(v.ok(), "{:?}", v.problems);
-    assert_eq!(v.files_checked, 7);
+    assert_eq!(v.files_checked, 8);
 
     // A flipped byte (same size) in the model.
     let model = out.join("model.onnx");
@@ -358,7 +359,7 @@ fn f16_opset23_external_bundle_passes_the_gate_and_verifies() {
     a.dtype = Some(WeightDtype::F16);
     a.opset = 23;
     a.external_data = true;
-    export(&a).unwrap();
+    run(&a).unwrap();
     let m = manifest(&out);
     assert_eq!(m.model.dtype, "f16");
     let onnx = m.formats.onnx.as_ref().unwrap();
@@ -372,7 +373,7 @@ fn f16_opset23_external_bundle_passes_the_gate_and_verifies() {
     let v = verify(&out);
     assert!(v.ok(), "{:?}", v.problems);
     // Without --force an existing bundle is never overwritten.
-    let err = export(&a).unwrap_err().to_string();
+    let err = run(&a).unwrap_err().to_string();
     assert!(err.contains("--force"), "{err}");
 }
 
@@ -405,7 +406,7 @@ fn a_wrong_adapter_key_fails_the_export_and_publishes_nothing() {
     let out = root.path().join("bundle");
     let mut a = args(&out);
     a.adapter = Some(bad);
-    let err = format!("{:#}", export(&a).unwrap_err());
+    let err = format!("{:#}", run(&a).unwrap_err());
     assert!(
         err.contains("missing key `base_model.model.model.layers.1.mlp.up_proj.lora_A.weight`"),
         "{err}"
@@ -434,7 +435,7 @@ fn a_model_that_disagrees_with_the_reference_is_not_published() {
     // The reference gets other weights than the ones exported.
     let device = source.model.device.clone();
     source.model.model = decision_train::model::init_random(&source.model.config, 0.2, &device);
-    let err = export_from(source, &a).unwrap_err().to_string();
+    let err = run_from(source, &a).unwrap_err().to_string();
     assert!(
         err.contains("parity check failed for model.onnx") && err.contains("max |Δp| = "),
         "{err}"
@@ -502,7 +503,7 @@ permutations = 0
     a.run = Some(run.clone());
     a.formats = vec![Format::Onnx, Format::Peft];
     a.check_samples = 12;
-    export(&a).unwrap();
+    decision_export::run(&a).unwrap();
     let m = manifest(&out);
     assert_eq!(m.model.base, fixtures().join("tiny").display().to_string());
     assert_eq!(
@@ -554,7 +555,7 @@ fn a_reference_whose_finite_weights_overflow_is_refused_by_name() {
     let out = root.path().join("bundle");
     let mut a = args(&out);
     a.model = Some(model.display().to_string());
-    let err = format!("{:#}", export(&a).unwrap_err());
+    let err = format!("{:#}", run(&a).unwrap_err());
     assert!(
         err.contains("non-finite logits") && err.contains("the reference forward pass"),
         "{err}"

@@ -14,14 +14,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{ECE_BINS, ScoredState, metrics};
+use crate::metrics::ScoredState;
 use crate::spec::{DecisionSpec, TemperatureClamp};
 
 pub const T_MIN: f64 = 0.05;
 pub const T_MAX: f64 = 20.0;
-
-/// Default for `min_states`: points with fewer validation states use the global fit.
-pub const MIN_STATES_PER_POINT: usize = 50;
 
 /// The fitted temperatures: a global one and one per decision point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,12 +115,8 @@ fn nll_and_grad(states: &[&ScoredState], beta: f64) -> (f64, f64) {
     (nll / n, grad / n)
 }
 
-/// The NLL-minimising temperature of `states`, within [`T_MIN`, `T_MAX`]; 1.0 when empty.
-pub fn fit_temperature(states: &[&ScoredState]) -> f32 {
-    fit_bounded(states).0
-}
-
-/// As [`fit_temperature`], with the bound the fit ran into when the minimum lies beyond it.
+/// The NLL-minimising temperature of `states`, within [`T_MIN`, `T_MAX`] (1.0 when empty), and
+/// the bound the fit ran into when the minimum lies beyond it.
 pub fn fit_bounded(states: &[&ScoredState]) -> (f32, Option<TemperatureClamp>) {
     if states.is_empty() {
         return (1.0, None);
@@ -173,32 +166,14 @@ pub fn fit(states: &[ScoredState], min_states: usize) -> Temperatures {
     t
 }
 
-/// ECE before (T = 1) and after (fitted temperatures) on the same states.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct CalibrationReport {
-    pub ece_before: f64,
-    pub ece_after: f64,
-    pub nll_before: f64,
-    pub nll_after: f64,
-    pub bins: usize,
-}
-
-pub fn report(states: &[ScoredState], t: &Temperatures) -> CalibrationReport {
-    let before = metrics(states, &|_| 1.0);
-    let after = metrics(states, &|s| t.for_point(&s.point));
-    CalibrationReport {
-        ece_before: before.ece,
-        ece_after: after.ece,
-        nll_before: before.nll,
-        nll_after: after.nll,
-        bins: ECE_BINS,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::metrics;
     use rand::{Rng, SeedableRng};
+
+    /// `[eval] min_states_per_point` as the configs set it.
+    const MIN_STATES_PER_POINT: usize = 50;
 
     fn state(point: &str, logits: Vec<f32>, answer: usize) -> ScoredState {
         ScoredState {
@@ -238,20 +213,15 @@ mod tests {
     fn recovers_known_temperature() {
         let s = overconfident(4000, 2.5, 7, "tool");
         let refs: Vec<&ScoredState> = s.iter().collect();
-        let t = fit_temperature(&refs);
-        assert!((t - 2.5).abs() < 0.25, "fitted {t}");
+        let (t, clamp) = fit_bounded(&refs);
+        assert!((t - 2.5).abs() < 0.25 && clamp.is_none(), "fitted {t}");
         // the fit is a minimum: nudging T either way raises the NLL
         let nll = |t: f64| nll_and_grad(&refs, 1.0 / t).0;
         assert!(nll(t as f64) <= nll(t as f64 * 1.05));
         assert!(nll(t as f64) <= nll(t as f64 / 1.05));
-        let r = report(
-            &s,
-            &Temperatures {
-                global: t,
-                ..Temperatures::default()
-            },
-        );
-        assert!(r.ece_after < r.ece_before);
+        let before = metrics(&s, &|_| 1.0);
+        let after = metrics(&s, &|_| t);
+        assert!(after.ece < before.ece);
     }
 
     #[test]
@@ -271,7 +241,10 @@ mod tests {
             state("tool", vec![0.0, 5.0], 1),
         ];
         let refs: Vec<&ScoredState> = s.iter().collect();
-        assert_eq!(fit_temperature(&refs), T_MIN as f32);
+        assert_eq!(
+            fit_bounded(&refs),
+            (T_MIN as f32, Some(TemperatureClamp::Floor))
+        );
     }
 
     #[test]

@@ -7,32 +7,32 @@
 pub mod backend;
 pub mod cli;
 pub mod config;
-pub mod decision_model;
+mod decision_model;
 pub mod hub;
 pub mod model;
 pub mod score;
 pub mod weights;
 
 // Rendering and encoding live in the Burn-free decision-prompt crate, which the worker shares.
-pub use decision_prompt::{prompt, spec, tokenizer};
+pub use decision_prompt::{prompt, spec, template, tokenizer};
 
 // The trainer (issue 4).
-pub mod calibration;
-pub mod checkpoint;
+mod calibration;
+mod checkpoint;
 pub mod data_order;
 pub mod eval;
 pub mod lora;
-pub mod loss;
-pub mod metrics;
+mod loss;
+mod metrics;
 mod micro_batch;
-pub mod optim;
+mod optim;
 pub mod peft;
 pub mod plan;
-pub mod plots;
-pub mod receipts;
-pub mod recompute;
+mod plots;
+mod receipts;
+mod recompute;
 pub mod run_config;
-pub mod run_lock;
+mod run_lock;
 pub mod trainer;
 #[cfg(test)]
 mod trainer_tests;

@@ -5,10 +5,8 @@
 //! run. States without an answer get no `shadow` (they stay pending for `decision fit`).
 
 use std::io::Write;
-use std::path::Path;
 
 use anyhow::Result;
-use decision_data::atomic::AtomicFile;
 use decision_data::{Receipt, ReceiptResult, Shadow, State, Validation};
 
 /// The receipt for `state` given the model's probabilities (aligned with its candidates).
@@ -32,14 +30,8 @@ pub fn shadow_receipt(state: &State, probs: &[f64], model: &str, at: &str) -> Re
     }
 }
 
-/// Write receipts as JSON Lines (the harness's camelCase shape), atomically.
-pub fn write_receipts(path: &Path, receipts: &[Receipt]) -> Result<()> {
-    let mut f = AtomicFile::create(path)?;
-    write_receipts_to(&mut f, receipts)?;
-    f.commit()
-}
-
-/// Write receipts as JSON Lines into `w` (an output opened before the evaluation).
+/// Write receipts as JSON Lines (the harness's camelCase shape) into `w` (an output opened
+/// before the evaluation).
 pub fn write_receipts_to(w: &mut impl Write, receipts: &[Receipt]) -> Result<()> {
     for r in receipts {
         serde_json::to_writer(&mut *w, r)?;
@@ -104,12 +96,11 @@ mod tests {
     }
 
     #[test]
-    fn written_atomically_as_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("r.jsonl");
+    fn written_as_lines() {
         let r = shadow_receipt(&state(Some("cancel")), &[0.3, 0.7], "m", &now_rfc3339());
-        write_receipts(&p, &[r.clone(), r]).unwrap();
-        let text = std::fs::read_to_string(&p).unwrap();
+        let mut out = Vec::new();
+        write_receipts_to(&mut out, &[r.clone(), r]).unwrap();
+        let text = String::from_utf8(out).unwrap();
         assert_eq!(text.lines().count(), 2);
         let back: Receipt = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(back.shadow.unwrap().reference, "cancel");

@@ -1,0 +1,582 @@
+//! The export pipeline behind `decision export`: open the model, record the training-side
+//! reference, write each requested format into a staging folder, check every model file against
+//! the reference (the parity gate), write decision.json, coreml_config.json and manifest.json, and
+//! publish the bundle; on any failure nothing is published. [`run`] takes the options the command
+//! line parses ([`ExportOptions`]); [`run_from`] takes an already opened [`Source`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use crate::bundle::{
+    self, AdapterFacts, FileEntry, Formats, Manifest, ModelFacts, OnnxFacts, Staging,
+};
+use crate::coreml::{self, CoremlOptions, check as coreml_check};
+use crate::graph::{DType, Graph, GraphOptions, build_qwen3};
+use crate::onnx::{self, OnnxOptions};
+use crate::parity::{self, Recorded, TractModel};
+use crate::samples;
+use crate::source::{BurnScorer, Origin, Source};
+use crate::verify;
+
+/// A bundle format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// model.onnx (+ model.onnx.data)
+    Onnx,
+    /// adapter/ in PEFT's layout (needs a LoRA model)
+    Peft,
+    /// model.mlpackage (Core ML ML Program)
+    Coreml,
+}
+
+/// The storage type of the model files' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightDtype {
+    F32,
+    F16,
+}
+
+/// What to export and where: the arguments of `decision export` (each field's text is its
+/// `--help` line).
+#[derive(Debug, Clone, Args)]
+pub struct ExportOptions {
+    /// A run folder written by `decision train` (its final/ model, adapter and validation states)
+    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    pub run: Option<PathBuf>,
+    /// A Hugging Face Qwen3 checkpoint: a local folder or a Hub id `owner/name[@revision]`
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for --model;
+    /// merged into the model files
+    #[arg(long, requires = "model")]
+    pub adapter: Option<PathBuf>,
+    /// thresholds.json from `decision fit`, copied into the bundle after a schema check
+    #[arg(long)]
+    pub thresholds: Option<PathBuf>,
+    /// Comma-separated formats to write
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "onnx")]
+    pub formats: Vec<Format>,
+    /// The bundle folder to create
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Storage type of the model-file weights (norms stay f32) [default: f32 for ONNX, f16 for
+    /// Core ML]
+    #[arg(long, value_enum)]
+    pub dtype: Option<WeightDtype>,
+    /// ONNX opset: 18 (decomposed standard ops) or 23 (RMSNormalization, RotaryEmbedding, Attention)
+    #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(i64).range(18..=23))]
+    pub opset: i64,
+    /// Store the ONNX weights in model.onnx.data even when under 2 GB
+    #[arg(long)]
+    pub external_data: bool,
+    /// States to run the parity gate on (default: the run's validation states, or built-in probes)
+    #[arg(long)]
+    pub check_data: Option<PathBuf>,
+    /// At most this many sample states for the parity gate
+    #[arg(long, default_value_t = 32)]
+    pub check_samples: usize,
+    /// Replace an existing bundle at --out
+    #[arg(long)]
+    pub force: bool,
+    /// decision.json's point rules for decision-worker, in order, replacing keel's default
+    /// (`pre_step=inspect,implement,verify,answer` then `intake`): `POINT=ID,ID,...` names the
+    /// point of a request offering exactly those candidate ids; a bare `POINT` (last) is the rest
+    #[arg(long = "point-rule", value_name = "POINT[=IDS]")]
+    pub point_rules: Vec<String>,
+}
+
+/// `--point-rule` values as decision.json's rules.
+fn parse_point_rules(args: &[String]) -> Result<Vec<decision_train::spec::PointRule>> {
+    args.iter()
+        .map(|a| {
+            let (point, ids) = match a.split_once('=') {
+                Some((p, ids)) => (p, Some(ids)),
+                None => (a.as_str(), None),
+            };
+            Ok(decision_train::spec::PointRule {
+                point: point.trim().to_string(),
+                candidates: ids.map(|ids| {
+                    ids.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                }),
+            })
+        })
+        .collect()
+}
+
+/// Run an export; returns the summary lines. `--out` is checked (and its staging folder made, so
+/// an unwritable location fails now) before the model is read.
+pub fn run(opts: &ExportOptions) -> Result<Vec<String>> {
+    let staging = prepare(opts)?;
+    let source = Source::open(
+        &origin(opts)?,
+        opts.check_data.as_deref(),
+        opts.check_samples,
+    )?;
+    export_into(source, opts, staging)
+}
+
+/// Export an opened [`Source`] (the model, its reference and samples) as `opts` say.
+pub fn run_from(source: Source, opts: &ExportOptions) -> Result<Vec<String>> {
+    let staging = prepare(opts)?;
+    export_into(source, opts, staging)
+}
+
+/// The checks made before any work, then the staging folder.
+fn prepare(opts: &ExportOptions) -> Result<Staging> {
+    check_args(opts)?;
+    check_paths(opts)?;
+    Staging::new(&opts.out, opts.force)
+}
+
+fn origin(opts: &ExportOptions) -> Result<Origin> {
+    Ok(match (&opts.run, &opts.model) {
+        (Some(run), _) => Origin::Run(run.clone()),
+        (None, Some(src)) => Origin::Model {
+            src: src.clone(),
+            adapter: opts.adapter.clone(),
+        },
+        (None, None) => bail!("give --run RUN_DIR or --model SRC"),
+    })
+}
+
+fn check_args(opts: &ExportOptions) -> Result<()> {
+    if opts.formats.is_empty() {
+        bail!("--formats lists nothing to write");
+    }
+    if let Some(t) = &opts.thresholds {
+        verify::check_thresholds(t).with_context(|| format!("--thresholds {}", t.display()))?;
+    }
+    Ok(())
+}
+
+/// `--out` may not be, hold or lie inside anything the export reads (the run, the model, the
+/// adapter, the thresholds, the check states); checked before any work, `--force` or not.
+fn check_paths(opts: &ExportOptions) -> Result<()> {
+    let mut io = decision_data::paths::IoCheck::new();
+    if let Some(run) = &opts.run {
+        decision_train::cli::model_or_run_inputs(&mut io, "--run", run);
+    }
+    if let Some(m) = &opts.model
+        && Path::new(m).exists()
+    {
+        io.input("--model", m);
+    }
+    if let Some(a) = &opts.adapter {
+        io.input("--adapter", a);
+    }
+    if let Some(t) = &opts.thresholds {
+        io.input("--thresholds", t);
+    }
+    if let Some(d) = &opts.check_data {
+        io.input("--check-data", d);
+    }
+    io.output_folder("--out", &opts.out).check()
+}
+
+/// What every model file is checked against: the training-side answers on the sample states.
+struct Reference<'a> {
+    recorded: &'a Recorded,
+    batches: &'a [parity::Batch],
+    /// Where the sample states came from (for the summary and `verified_with`).
+    samples_from: &'a str,
+    temperature: f64,
+    pad_id: u32,
+}
+
+/// One format's part of the export: its summary lines, its `verified_with` entries and the facts
+/// manifest.json records about it.
+struct Written<F> {
+    lines: Vec<String>,
+    checks: Vec<serde_json::Value>,
+    facts: F,
+}
+
+/// The export proper, into `staging` (removed again if anything fails).
+fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result<Vec<String>> {
+    let origin = origin(opts)?;
+    let has = |f: Format| opts.formats.contains(&f);
+    let chosen = opts.dtype.map(|d| match d {
+        WeightDtype::F32 => DType::F32,
+        WeightDtype::F16 => DType::F16,
+    });
+    // ONNX weights default to f32, Core ML's to f16 (the Core ML default); --dtype sets both.
+    let dtype = chosen.unwrap_or(if has(Format::Onnx) {
+        DType::F32
+    } else {
+        DType::F16
+    });
+    let coreml_dtype = chosen.unwrap_or(DType::F16);
+    if has(Format::Peft) && source.adapter.is_none() {
+        bail!("--formats peft needs a LoRA model: a LoRA run, or --model with --adapter");
+    }
+    let mut spec = source.model.spec.clone();
+    // The harness truncates to what the model can take.
+    spec.max_tokens = source.model.prompter.max_tokens;
+    // How decision-worker names a request's point (keel's requests do not carry one).
+    if !opts.point_rules.is_empty() {
+        spec.point_rules = parse_point_rules(&opts.point_rules)?;
+    } else if spec.point_rules.is_empty() {
+        spec.point_rules = decision_train::spec::keel_point_rules();
+    }
+    spec.validate().context("--point-rule")?;
+    let temperature = spec.temperature;
+    // The reference's answers first; then its weights are freed before any model file is
+    // loaded, so peak memory is one model, not two.
+    let batches = source.batches(8)?;
+    let pad_id = source.model.pad_id;
+    let recorded = Recorded::record(
+        &BurnScorer {
+            model: &source.model,
+            temperature,
+            label: source.reference.clone(),
+        },
+        &batches,
+    )?;
+    // The probe states bundle verify runs model.onnx on again (samples::PROBES_FILE).
+    let probes = if has(Format::Onnx) {
+        Some(samples::record_probes(
+            &source.model,
+            &source.reference,
+            temperature,
+        )?)
+    } else {
+        None
+    };
+    let Source {
+        model_dir,
+        base,
+        config,
+        config_json,
+        model,
+        weights,
+        adapter,
+        samples_from,
+        ..
+    } = source;
+    drop(model);
+    let reference = Reference {
+        recorded: &recorded,
+        batches: &batches,
+        samples_from: &samples_from,
+        temperature,
+        pad_id,
+    };
+    let graph_of = |dtype: DType| {
+        build_qwen3(
+            &config,
+            weights.clone(),
+            GraphOptions {
+                dtype,
+                temperature: temperature as f32,
+            },
+        )
+    };
+    let graph = graph_of(dtype)?;
+
+    let dir = staging.path().to_path_buf();
+    decision_data::atomic::write_json_atomic(dir.join(bundle::DECISION), &spec)?;
+    let tok_src = model_dir.join(bundle::TOKENIZER);
+    std::fs::copy(&tok_src, dir.join(bundle::TOKENIZER))
+        .with_context(|| format!("copying {}", tok_src.display()))?;
+    if let Some(t) = &opts.thresholds {
+        std::fs::copy(t, dir.join(bundle::THRESHOLDS))
+            .with_context(|| format!("copying {}", t.display()))?;
+    }
+
+    let mut lines = Vec::new();
+    let mut verified = Vec::new();
+    let mut formats = Formats::default();
+    if has(Format::Onnx) {
+        let onnx_opts = OnnxOptions {
+            opset: opts.opset,
+            external_data: opts.external_data,
+        };
+        let probes = probes.as_ref().context("probe states for model.onnx")?;
+        let w = export_onnx(
+            &graph,
+            onnx_opts,
+            dtype,
+            &dir,
+            &reference,
+            probes,
+            spec.max_options,
+        )?;
+        lines.extend(w.lines);
+        verified.extend(w.checks);
+        formats.onnx = Some(w.facts);
+    }
+    if has(Format::Coreml) {
+        let g = if coreml_dtype == dtype {
+            graph.clone()
+        } else {
+            graph_of(coreml_dtype)?
+        };
+        let coreml_opts = CoremlOptions {
+            max_seq: spec.max_tokens.max(1),
+            max_options: spec.max_options.max(1),
+        };
+        let w = export_coreml(&g, coreml_opts, &dir, &reference)?;
+        lines.extend(w.lines);
+        verified.extend(w.checks);
+        formats.coreml = Some(w.facts);
+    }
+    if let Some(adapter) = &adapter
+        && has(Format::Peft)
+    {
+        adapter.write_peft(&dir.join(bundle::ADAPTER_DIR))?;
+        formats.peft = Some(bundle::ADAPTER_DIR.into());
+        lines.push(format!(
+            "adapter   adapter/: PEFT LoRA r {} alpha {} on {} modules",
+            adapter.r,
+            adapter.alpha,
+            adapter.modules.len()
+        ));
+    }
+
+    // keel accepts a model folder only when it holds coreml_config.json.
+    let coreml_config = coreml::config::describe(
+        formats
+            .coreml
+            .as_ref()
+            .map(|c| (dir.join(&c.file), c.file.clone()))
+            .as_ref()
+            .map(|(p, f)| (p.as_path(), f.as_str())),
+    )?;
+    decision_data::atomic::write_json_atomic(dir.join(coreml::config::FILE), &coreml_config)?;
+
+    let mut points: Vec<String> = spec
+        .points
+        .iter()
+        .chain(spec.temperatures.keys())
+        .cloned()
+        .collect();
+    points.sort();
+    points.dedup();
+    let files: Vec<FileEntry> = bundle::file_entries(&dir)?;
+    let manifest = Manifest {
+        schema: bundle::SCHEMA.into(),
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        producer: format!("decision-export {}", env!("CARGO_PKG_VERSION")),
+        model: ModelFacts {
+            architecture: graph.facts().architecture.into(),
+            base: base.clone(),
+            adapter: adapter.as_ref().map(|a| AdapterFacts {
+                source: match &origin {
+                    Origin::Run(_) => model_dir.join(bundle::ADAPTER_DIR).display().to_string(),
+                    Origin::Model { adapter, .. } => adapter
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                },
+                r: a.r,
+                alpha: a.alpha,
+                target_modules: a.target_modules.clone(),
+                included: formats.peft.is_some(),
+            }),
+            parameters: graph.parameter_count(),
+            dtype: dtype.name().into(),
+            temperature,
+            config: config_json.clone(),
+        },
+        points,
+        formats,
+        files,
+        verified_with: verified,
+    };
+    let count = manifest.files.len();
+    decision_data::atomic::write_json_atomic(dir.join(bundle::MANIFEST), &manifest)?;
+    let out = staging.publish()?;
+    lines.push(format!(
+        "bundle    {} ({} files + manifest.json)",
+        out.display(),
+        count
+    ));
+    Ok(lines)
+}
+
+/// Write `model.onnx` (and `model.onnx.data`) into `dir` and run the parity gate on it in tract;
+/// a failed gate is an error (nothing is published).
+fn export_onnx(
+    graph: &Graph,
+    opts: OnnxOptions,
+    dtype: DType,
+    dir: &Path,
+    reference: &Reference,
+    probes: &samples::ProbeFile,
+    max_options: usize,
+) -> Result<Written<OnnxFacts>> {
+    let opset = opts.opset;
+    let files = onnx::write_onnx(graph, opts, dir)?;
+    let candidate = TractModel::load(&files.model)?;
+    let report = parity::compare(
+        onnx::MODEL_FILE,
+        &candidate,
+        reference.recorded,
+        reference.batches,
+        dtype,
+    )?;
+    report.ensure()?;
+    // What bundle verify will run again: written, and run here first.
+    decision_data::atomic::write_json_atomic(dir.join(samples::PROBES_FILE), probes)?;
+    let (probed, probe_dp) = verify::check_probes(dir, &candidate, dtype, max_options)?;
+    let lines = vec![
+        format!(
+            "model     model.onnx: opset {}, {} weights{}",
+            opset,
+            dtype.name(),
+            if files.data.is_some() {
+                ", external data in model.onnx.data"
+            } else {
+                ""
+            }
+        ),
+        format!(
+            "parity    {} vs {}: {} samples from {}, max |Δp| {:.2e} (tolerance {:.0e}), picks agree{}",
+            report.runtime,
+            report.reference,
+            report.samples,
+            reference.samples_from,
+            report.max_abs_dp,
+            report.tolerance,
+            if report.near_ties > 0 {
+                format!(" ({} near-ties)", report.near_ties)
+            } else {
+                String::new()
+            }
+        ),
+        format!(
+            "probes    {}: {probed} probe states (2 to {max_options} options) for bundle verify, \
+             max |Δp| {probe_dp:.2e}",
+            samples::PROBES_FILE
+        ),
+    ];
+    let mut entry = serde_json::to_value(&report)?;
+    entry["check"] = json!("parity");
+    entry["samples_from"] = json!(reference.samples_from);
+    Ok(Written {
+        lines,
+        checks: vec![entry],
+        facts: OnnxFacts {
+            file: onnx::MODEL_FILE.into(),
+            external_data: files.data.as_ref().map(|_| onnx::DATA_FILE.to_string()),
+            opset,
+        },
+    })
+}
+
+/// Write `model.mlpackage` into `dir` and check it: its structure in Rust always, then the
+/// coremltools check (`scripts/check_coreml.py`: load, rebuild, evaluate, parity with the
+/// reference) when a Python with coremltools is there. A failed check is an error (nothing is
+/// published); a check that could not run is recorded as such in `verified_with`.
+fn export_coreml(
+    graph: &Graph,
+    opts: CoremlOptions,
+    dir: &Path,
+    reference: &Reference,
+) -> Result<Written<coreml::CoremlFacts>> {
+    use parity::Scorer;
+    let dtype = graph.facts().dtype;
+    let files = coreml::write_coreml(graph, opts, dir)?;
+    let facts = files.facts.clone();
+    let mut lines = vec![format!(
+        "model     {}: Core ML ML Program (specificationVersion {}, {}, {}+), {} weights, seq 1..={}, \
+         options 1..={}",
+        facts.file,
+        facts.specification_version,
+        facts.opset,
+        facts.minimum_deployment,
+        facts.dtype,
+        facts.max_seq,
+        facts.max_options
+    )];
+    let summary = coreml::verify_package(&files.package)
+        .with_context(|| format!("checking the {} just written", facts.file))?;
+    let mut checks = vec![json!({
+        "check": "structure",
+        "file": facts.file,
+        "runtime": format!("decision-export {} (Rust)", env!("CARGO_PKG_VERSION")),
+        "what": "Manifest.json, specificationVersion, ML Program version, function, opset, and every \
+                 blobFileValue's weight.bin record (sentinel, dtype, size, alignment, blob count)",
+        "operations": summary.operations,
+        "weight_blobs": summary.weight_blobs,
+        "weight_bytes": summary.weight_bytes,
+        "passed": true,
+    })];
+    match coreml_check::find_python() {
+        coreml_check::Python::Ready {
+            interpreter,
+            versions,
+        } => {
+            let samples = coreml_check::samples_from(
+                reference.recorded,
+                reference.batches,
+                reference.temperature,
+            )?;
+            let tolerance = parity::tolerance(dtype);
+            let report = coreml_check::run_check(
+                &interpreter,
+                &files.package,
+                &samples,
+                Some(tolerance),
+                reference.pad_id,
+            )?;
+            report.ensure()?;
+            let dp = report.max_abs_dp.unwrap_or(f64::NAN);
+            lines.push(format!(
+                "parity    {} vs {}: {} evaluations of {} samples from {} (as given and left-padded), \
+                 max |Δp| {:.2e} (tolerance {:.0e}), picks agree",
+                report.runtime,
+                reference.recorded.describe(),
+                report.samples,
+                samples.len(),
+                reference.samples_from,
+                dp,
+                tolerance
+            ));
+            checks.push(json!({
+                "check": "parity",
+                "file": facts.file,
+                "runtime": report.runtime,
+                "python": format!("{} ({versions})", interpreter.display()),
+                "reference": reference.recorded.describe(),
+                "dtype": dtype.name(),
+                "samples": report.samples,
+                "samples_from": reference.samples_from,
+                "max_abs_dp": report.max_abs_dp,
+                "max_abs_dlogit": report.max_abs_dlogit,
+                "tolerance": tolerance,
+                "pick_mismatches": report.pick_mismatches,
+                "near_ties": report.near_ties,
+                "steps": report.steps,
+                "numpy_fallbacks": report.numpy_fallbacks,
+                "passed": true,
+            }));
+        }
+        coreml_check::Python::Missing { reason } => {
+            lines.push(format!(
+                "parity    {}: NOT RUN: {reason}. Only its structure was checked; \
+                 manifest.json's verified_with records this",
+                facts.file
+            ));
+            checks.push(json!({
+                "check": "parity",
+                "file": facts.file,
+                "runtime": "coremltools",
+                "ran": false,
+                "passed": false,
+                "reason": reason,
+            }));
+        }
+    }
+    Ok(Written {
+        lines,
+        checks,
+        facts,
+    })
+}
