@@ -2,8 +2,9 @@
 //! state and one micro-batch's activations take, before anything is loaded; and the refusal of
 //! a run whose plan exceeds the device.
 //!
-//! Activations are counted per token and layer from what Burn's autodiff keeps for the backward
-//! pass of our layer (`crate::model`): f32 norms, projections, RoPE copies, the shared key/value
+//! Activations (f32 at every weight dtype) are counted per token and layer from what Burn's
+//! autodiff keeps for the backward pass of our layer (`crate::model`): norms, projections (and,
+//! for a bf16 / f16 base, their inputs cast to it), RoPE copies, the shared key/value
 //! heads, the SwiGLU products, and, without recomputation, the attention scores of every layer.
 //! With recomputation (`crate::recompute`) only each layer's input stays, plus one layer's tape
 //! and three blocks of attention scores. The counts are element counts times the dtype's width;
@@ -106,20 +107,25 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // Per token, per layer, what the tape keeps (bytes): each RMSNorm keeps its f32 input and
     // normalised value and its output; RoPE its input, the rotated copy and the concatenation;
     // the shared key/value heads a copy per query head; SwiGLU four intermediate-sized tensors.
-    let norm = |n: u64| n * (4 + 4 + w);
-    let attn_in = norm(h) + norm(qd) + norm(kvd) + 3 * qd * w + 3 * kvd * w + kvd * w;
-    let attn_out = 2 * qd * w + h * w;
-    let mlp = norm(h) + 4 * i * w + h * w;
+    // Activations are f32 whatever the weights' dtype (`crate::model::in_f32`); a bf16 / f16 base
+    // casts each projection's input to its dtype for the product, and the tape keeps that copy.
+    let a = 4;
+    let cast = |n: u64| if w == 4 { 0 } else { n * w };
+    let norm = |n: u64| n * (4 + 4 + a);
+    let attn_in =
+        norm(h) + norm(qd) + norm(kvd) + 3 * qd * a + 3 * kvd * a + kvd * a + cast(3 * h);
+    let attn_out = 2 * qd * a + h * a + cast(qd);
+    let mlp = norm(h) + 4 * i * a + h * a + cast(2 * h + i);
     let layer = attn_in + attn_out + mlp;
-    let scores_taped = 3 * nh * s * w;
-    let taped = tokens * layers * (layer + 2 * qd * w + scores_taped);
+    let scores_taped = 3 * nh * s * a;
+    let taped = tokens * layers * (layer + 2 * qd * a + scores_taped);
 
     let chunk = crate::recompute::query_chunk(b as usize, nh as usize, s as usize) as u64;
     // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the
     // hand-made attention core; three score blocks; the gradient flowing between layers.
     let core = (2 * qd + 2 * kvd) * 4 * 2;
     let recompute =
-        tokens * layers * h * w + tokens * (layer + core + 3 * h * 4) + 3 * b * nh * chunk * s * 4;
+        tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + 3 * b * nh * chunk * s * 4;
     // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
     let head = if cfg.loss.lm_weight > 0.0 {
         3 * tokens * v * 4

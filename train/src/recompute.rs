@@ -25,9 +25,8 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Tensor;
 use burn::tensor::activation::softmax;
-use burn::tensor::module::embedding;
 
-use crate::model::{Batch, LayerInputs, Qwen3, in_f32};
+use crate::model::{Batch, LayerInputs, Qwen3};
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
 /// 256 MiB per block.
@@ -62,10 +61,8 @@ fn loss_and_grads_in_blocks(
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
     chunk: usize,
 ) -> (f32, GradientsParams) {
-    let device = model.device();
-    let plain = device.clone().inner();
-    let dtype = model.dtype();
-    let inputs = LayerInputs::new(batch, model.head_dim(), model.rope_theta, dtype, &plain);
+    let plain = model.device().inner();
+    let inputs = LayerInputs::new(batch, model.head_dim(), model.rope_theta, &plain);
     let embed = &model.model.embed_tokens.weight;
 
     let [b, s] = [batch.len(), batch.seq_len()];
@@ -73,15 +70,14 @@ fn loss_and_grads_in_blocks(
         Tensor::<4>::zeros([b, 1, s, s], &plain).mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
 
     // 1. Forward without a tape, keeping each layer's input; attention in blocks as below.
-    let mut x = embedding(embed.val().inner(), Qwen3::ids_tensor(batch, &plain));
+    let mut x = model.embed(embed.val().inner(), batch);
     let mut saved = Vec::with_capacity(model.model.layers.len());
     for layer in &model.model.layers {
         saved.push(x.clone());
         let layer = layer.valid();
         let (q, k, v) = layer.attention_inputs(x.clone(), &inputs);
-        let [q, k, v] = [q, k, v].map(in_f32);
         let heads = attention_forward(&q, &k, &v, &bias, layer.self_attn.scale(), chunk);
-        x = layer.finish(x, heads.cast(dtype));
+        x = layer.finish(x, heads);
     }
 
     // 2. The head, from the last output as a leaf.
@@ -93,10 +89,9 @@ fn loss_and_grads_in_blocks(
         return (value, GradientsParams::new());
     }
     let mut grads = loss.backward();
-    let mut g = in_f32(
-        top.grad_remove(&mut grads)
-            .expect("the loss depends on the last layer"),
-    );
+    let mut g = top
+        .grad_remove(&mut grads)
+        .expect("the loss depends on the last layer");
     acc.accumulate(model, GradientsParams::from_grads(grads, model));
 
     // 3. Layers from the top down.
@@ -105,37 +100,33 @@ fn loss_and_grads_in_blocks(
         // (q, k, v) from x, taped.
         let xa = x_in.clone().autodiff().require_grad();
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs);
-        let [qp, kp, vp] = [&q, &k, &v].map(|t| in_f32(t.clone().inner()));
+        let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
         let out = attention_forward(&qp, &kp, &vp, &bias, scale, chunk);
         // (x, heads) → layer output, taped, and g pushed through it.
         let xc = x_in.autodiff().require_grad();
-        let heads_leaf = out.clone().cast(dtype).autodiff().require_grad();
+        let heads_leaf = out.clone().autodiff().require_grad();
         let y = layer.finish(xc.clone(), heads_leaf.clone());
-        let mut grads = (y * g.cast(dtype)).sum().backward();
-        let g_heads = in_f32(
-            heads_leaf
-                .grad_remove(&mut grads)
-                .expect("heads feed the output"),
-        );
-        let g_xc = in_f32(
-            xc.grad_remove(&mut grads)
-                .expect("the residual feeds the output"),
-        );
+        let mut grads = (y * g).sum().backward();
+        let g_heads = heads_leaf
+            .grad_remove(&mut grads)
+            .expect("heads feed the output");
+        let g_xc = xc
+            .grad_remove(&mut grads)
+            .expect("the residual feeds the output");
         acc.accumulate(model, GradientsParams::from_grads(grads, layer));
         // The attention core by hand, then (q, k, v)'s gradients through their tape.
         let (dq, dk, dv) = attention_backward(&qp, &kp, &vp, &out, &g_heads, &bias, scale, chunk);
-        let tied =
-            (q * dq.cast(dtype)).sum() + (k * dk.cast(dtype)).sum() + (v * dv.cast(dtype)).sum();
+        let tied = (q * dq).sum() + (k * dk).sum() + (v * dv).sum();
         let mut grads = tied.backward();
-        let g_xa = in_f32(xa.grad_remove(&mut grads).expect("q, k, v depend on x"));
+        let g_xa = xa.grad_remove(&mut grads).expect("q, k, v depend on x");
         acc.accumulate(model, GradientsParams::from_grads(grads, layer));
         g = g_xa + g_xc;
     }
 
     // The embedding, when it trains (full fine-tuning).
     if embed.is_require_grad() {
-        let e = embedding(embed.val(), Qwen3::ids_tensor(batch, &device));
-        let grads = (e * g.cast(dtype)).sum().backward();
+        let e = model.embed(embed.val(), batch);
+        let grads = (e * g).sum().backward();
         acc.accumulate(
             model,
             GradientsParams::from_grads(grads, &model.model.embed_tokens),
@@ -241,7 +232,7 @@ mod tests {
     use burn::module::{Module, ModuleVisitor, Param};
     use burn::optim::GradientsParams;
     use burn::tensor::ops::AttentionModuleOptions;
-    use burn::tensor::{DType, Distribution, Tensor};
+    use burn::tensor::{Distribution, Tensor};
 
     use super::*;
     use crate::config::Qwen3Config;
@@ -414,7 +405,7 @@ mod tests {
         let q = Tensor::<4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), &device);
         let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
         let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let inputs = crate::model::LayerInputs::new(&batch(), d, 10000.0, DType::F32, &device);
+        let inputs = crate::model::LayerInputs::new(&batch(), d, 10000.0, &device);
         let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
             .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
         let repeat = |t: &Tensor<4>| {
