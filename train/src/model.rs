@@ -340,12 +340,7 @@ pub struct LayerInputs {
 impl LayerInputs {
     /// Causal attention restricted to real tokens. A padding query attends to itself only, so
     /// no row of the softmax is empty on any backend.
-    pub fn new(
-        batch: &Batch,
-        head_dim: usize,
-        rope_theta: f64,
-        device: &Device,
-    ) -> Self {
+    pub fn new(batch: &Batch, head_dim: usize, rope_theta: f64, device: &Device) -> Self {
         let (b, s) = (batch.len(), batch.seq_len());
         let half = head_dim / 2;
         // As transformers: inv_freq in f32, freqs = position · inv_freq in f32.
@@ -425,7 +420,10 @@ impl Qwen3 {
     /// The f32 token embeddings `[b, s, hidden]` of `batch`, looked up in `weight` (the
     /// embedding's value, on whichever device the caller works).
     pub fn embed(&self, weight: Tensor<2>, batch: &Batch) -> Tensor<3> {
-        in_f32(embedding(weight.clone(), Self::ids_tensor(batch, &weight.device())))
+        in_f32(embedding(
+            weight.clone(),
+            Self::ids_tensor(batch, &weight.device()),
+        ))
     }
 
     /// Hidden states of every position after the last decoder layer, before the final norm.

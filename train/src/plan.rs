@@ -112,8 +112,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let a = 4;
     let cast = |n: u64| if w == 4 { 0 } else { n * w };
     let norm = |n: u64| n * (4 + 4 + a);
-    let attn_in =
-        norm(h) + norm(qd) + norm(kvd) + 3 * qd * a + 3 * kvd * a + kvd * a + cast(3 * h);
+    let attn_in = norm(h) + norm(qd) + norm(kvd) + 3 * qd * a + 3 * kvd * a + kvd * a + cast(3 * h);
     let attn_out = 2 * qd * a + h * a + cast(qd);
     let mlp = norm(h) + 4 * i * a + h * a + cast(2 * h + i);
     let layer = attn_in + attn_out + mlp;
