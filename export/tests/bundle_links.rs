@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use decision_export::{ExportOptions, Format, WeightDtype, run};
 use decision_export::verify::verify;
+use decision_export::{ExportOptions, Format, WeightDtype, run};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")

@@ -200,9 +200,9 @@ fn external_data_is_aligned_and_complete() {
 // ---- the export command: bundle, gate, verify --------------------------------------------
 
 use decision_export::bundle::Manifest;
-use decision_export::{ExportOptions, Format, WeightDtype, run, run_from};
 use decision_export::source::{Origin, Source};
 use decision_export::verify::verify;
+use decision_export::{ExportOptions, Format, WeightDtype, run, run_from};
 
 fn args(out: &Path) -> ExportOptions {
     ExportOptions {

@@ -5,8 +5,8 @@
 //! `judged` and `rates`), `rates.unknown` and `rates.rejected_by`, `policy.bucket_width` and the
 //! cost parameters, and per bucket `mean_confidence` and `accepted`.
 
-use std::collections::BTreeMap;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 use crate::aggregate::{Counts, PointAgg};
 use crate::bounds;

@@ -229,7 +229,10 @@ fn fit_config(path: &Path) -> Result<Box<dyn Runner>> {
         }
     }
     let receipts = path.with_file_name("receipts.jsonl");
-    write(&receipts, (sample_receipt_lines().join("\n") + "\n").as_bytes());
+    write(
+        &receipts,
+        (sample_receipt_lines().join("\n") + "\n").as_bytes(),
+    );
     Ok(Box::new(Fit {
         path: path.to_path_buf(),
         receipts,

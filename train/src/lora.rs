@@ -296,8 +296,16 @@ mod tests {
         }))
         .unwrap();
         let (out, inp) = BaseShape::of(&cfg).dims[0];
-        let a = Matrix::new(4, inp, (0..4 * inp).map(|i| (i as f32 * 0.37).sin()).collect());
-        let b = Matrix::new(out, 4, (0..out * 4).map(|i| (i as f32 * 0.53).cos()).collect());
+        let a = Matrix::new(
+            4,
+            inp,
+            (0..4 * inp).map(|i| (i as f32 * 0.37).sin()).collect(),
+        );
+        let b = Matrix::new(
+            out,
+            4,
+            (0..out * 4).map(|i| (i as f32 * 0.53).cos()).collect(),
+        );
         let module = "model.layers.1.self_attn.q_proj";
         let written = PeftAdapter {
             r: 4,

@@ -449,7 +449,10 @@ fn parquet_reads_the_encodings_other_writers_use() {
         ];
         let p = dir.path().join(format!("{unit}.parquet"));
         let columns = columns.into_iter().map(|(name, a)| (name, a, true));
-        write_batch(&p, &RecordBatch::try_from_iter_with_nullable(columns).unwrap());
+        write_batch(
+            &p,
+            &RecordBatch::try_from_iter_with_nullable(columns).unwrap(),
+        );
         let (good, bad, _) = read_receipts(&[p], &ReadOptions::default()).unwrap();
         assert!(bad.is_empty(), "{unit}: {bad:?}");
         let second_at = if k == 0 {
