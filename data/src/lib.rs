@@ -2,7 +2,7 @@
 //! the files that hold them, and the synthetic states the demo trains on.
 //!
 //! Reading states: [`StateReader`] streams rows from files or folders of shards;
-//! `.validated(opts)` applies every rule of [`validate`]; [`Quarantine`] keeps the bad rows.
+//! `.validated(opts)` applies every rule of [`check_state`]; [`Quarantine`] keeps the bad rows.
 //! Writing: [`StateWriter`] / [`write_states`] (format by extension, atomic).
 
 pub mod atomic;
@@ -15,14 +15,15 @@ mod parquet_pages;
 pub mod paths;
 pub mod progress;
 pub mod quarantine;
-pub mod receipt;
+mod receipt;
 pub mod receipts_io;
-pub mod split;
+mod split;
 pub mod stable_hash;
-pub mod state;
+mod state;
 pub mod states_io;
 pub mod stats;
-pub mod validate;
+pub mod tree;
+mod validate;
 
 pub use quarantine::Quarantine;
 pub use receipt::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shadow, Validation};

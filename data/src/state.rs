@@ -36,6 +36,31 @@ pub struct State {
 }
 
 impl State {
+    /// An unlabelled state, as a host asks: `id`, the point, the context and `(id, label)`
+    /// candidates in the host's order; `task_id` is `id`, and no answer, teacher, rules or split.
+    pub fn unlabelled(
+        id: &str,
+        point: &str,
+        context: &str,
+        candidates: impl IntoIterator<Item = (String, String)>,
+    ) -> State {
+        State {
+            id: id.into(),
+            task_id: id.into(),
+            point: point.into(),
+            context: context.into(),
+            candidates: candidates
+                .into_iter()
+                .map(|(id, label)| Candidate { id, label })
+                .collect(),
+            answer: None,
+            teacher: None,
+            after_error: false,
+            rules: None,
+            split: None,
+        }
+    }
+
     /// Index of the answer among the candidates, when the state is labelled.
     pub fn answer_index(&self) -> Option<usize> {
         let answer = self.answer.as_deref()?;

@@ -16,14 +16,12 @@
 //! A bundle is assembled in a hidden sibling folder ([`Staging`]) and renamed into place once
 //! complete, so a reader never sees half a bundle.
 
-use std::fs::File;
-use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use decision_data::atomic::StagedDir;
+pub use decision_data::tree::hash_file;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 pub const SCHEMA: &str = "decision-bundle/1";
 pub const MANIFEST: &str = "manifest.json";
@@ -115,50 +113,10 @@ pub struct Manifest {
     pub verified_with: Vec<serde_json::Value>,
 }
 
-/// SHA-256 (hex) and size of a file, read in 1 MiB blocks.
-pub fn hash_file(path: &Path) -> Result<(u64, String)> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = reader
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        total += n as u64;
-    }
-    Ok((total, hex::encode(hasher.finalize())))
-}
-
 /// Every file under `dir` except the manifest, as bundle-relative `/`-separated paths, sorted.
 pub fn list_files(dir: &Path) -> Result<Vec<String>> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
-        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-            let entry = entry?;
-            let path = entry.path();
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                walk(root, &path, out)?;
-            } else {
-                let rel = path.strip_prefix(root).expect("under root");
-                let parts: Vec<String> = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                out.push(parts.join("/"));
-            }
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out)?;
+    let mut out = decision_data::tree::relative_files(dir)?;
     out.retain(|p| p != MANIFEST);
-    out.sort();
     Ok(out)
 }
 

@@ -11,7 +11,7 @@ pub mod graph;
 pub mod lora;
 pub mod onnx;
 pub mod parity;
-pub mod progress;
+mod progress;
 mod run;
 pub mod samples;
 pub mod source;

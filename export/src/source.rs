@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use decision_data::State;
+use decision_train::Encoded;
 use decision_train::hub::{self, HubEnv, ModelDir};
-use decision_train::prompt::Encoded;
 use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 
 use crate::Qwen3Config;

@@ -138,28 +138,13 @@ mod tests {
     use crate::spec::{DecisionSpec, default_labels};
     use crate::template::PromptTemplate;
     use crate::tokenizer::{WordLevelOptions, build_word_level};
-    use decision_data::Candidate;
 
     fn state(context: &str, options: &[&str]) -> State {
-        State {
-            id: "s1".into(),
-            task_id: "t1".into(),
-            point: "tool".into(),
-            context: context.into(),
-            candidates: options
-                .iter()
-                .enumerate()
-                .map(|(i, l)| Candidate {
-                    id: format!("c{i}"),
-                    label: l.to_string(),
-                })
-                .collect(),
-            answer: None,
-            teacher: None,
-            after_error: false,
-            rules: None,
-            split: None,
-        }
+        let candidates = options
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("c{i}"), l.to_string()));
+        State::unlabelled("s1", "tool", context, candidates)
     }
 
     fn prompter(max_tokens: usize) -> Prompter {

@@ -221,7 +221,6 @@ impl Template {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use decision_data::Candidate;
 
     #[test]
     fn bad_templates_are_refused_and_doubled_braces_are_literal() {
@@ -244,25 +243,8 @@ mod tests {
             ..PromptTemplate::plain()
         };
         let parsed = Template::parse(&t).unwrap();
-        let s = State {
-            id: "s1".into(),
-            task_id: "t1".into(),
-            point: "tool".into(),
-            context: "c".into(),
-            candidates: ["a", "b"]
-                .iter()
-                .enumerate()
-                .map(|(i, l)| Candidate {
-                    id: format!("c{i}"),
-                    label: l.to_string(),
-                })
-                .collect(),
-            answer: None,
-            teacher: None,
-            after_error: false,
-            rules: None,
-            split: None,
-        };
+        let candidates = [("c0", "a"), ("c1", "b")].map(|(i, l)| (i.to_string(), l.to_string()));
+        let s = State::unlabelled("s1", "tool", "c", candidates);
         assert!(
             parsed
                 .render(&s, "c", &["A".to_string(), "B".to_string()])

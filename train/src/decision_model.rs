@@ -13,10 +13,10 @@ use crate::backend::{self, Backend, Precision};
 use crate::config::Qwen3Config;
 use crate::hub::{self, HubEnv, ModelDir};
 use crate::model::Qwen3;
-use crate::prompt::{Encoded, Prompter};
 use crate::score::{self, Scores};
 use crate::spec::{self, DecisionSpec, PromptTemplate};
 use crate::weights::{self, HfTensor, SaveDtype};
+use crate::{Encoded, Prompter};
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]

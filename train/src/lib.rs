@@ -14,7 +14,7 @@ pub mod score;
 pub mod weights;
 
 // Rendering and encoding live in the Burn-free decision-prompt crate, which the worker shares.
-pub use decision_prompt::{prompt, spec, template, tokenizer};
+pub use decision_prompt::{spec, tokenizer};
 
 // The trainer (issue 4).
 mod calibration;
@@ -40,8 +40,8 @@ mod trainer_tests;
 pub use backend::{Backend, Precision};
 pub use config::Qwen3Config;
 pub use decision_model::{DecisionModel, LoadOptions, default_spec};
+pub use decision_prompt::{DecisionSpec, PromptTemplate};
+pub use decision_prompt::{Encoded, Prompter};
 pub use model::{Batch, Qwen3};
-pub use prompt::{Encoded, Prompter};
 pub use score::Scores;
-pub use spec::{DecisionSpec, PromptTemplate};
 pub use weights::{HfTensor, SaveDtype};

@@ -748,7 +748,7 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
             let mut spec = DecisionSpec::defaults(template);
             spec.max_options = cfg.data.max_options;
             spec.max_tokens = cfg.data.max_tokens;
-            let literal = crate::template::Template::parse(&spec.template)?.literal_text();
+            let literal = decision_prompt::Template::parse(&spec.template)?.literal_text();
             let labels: Vec<&str> = spec
                 .labels
                 .iter()

@@ -677,7 +677,7 @@ fn lora_run_writes_merged_model_and_adapter() {
         .take(4)
         .map(|s| merged.encode(s).unwrap())
         .collect();
-    let refs: Vec<&crate::prompt::Encoded> = enc.iter().collect();
+    let refs: Vec<&crate::Encoded> = enc.iter().collect();
     let a = crate::score::label_logits(&merged.model, &refs, merged.pad_id);
     let b = crate::score::label_logits(&with_adapter, &refs, merged.pad_id);
     assert_eq!(

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use decision_data::{Candidate, State};
+use decision_data::State;
 use decision_train::spec::{DecisionSpec, PromptTemplate};
 use decision_train::{DecisionModel, LoadOptions};
 
@@ -19,23 +19,10 @@ fn load(name: &str) -> DecisionModel {
 }
 
 fn state(id: &str, point: &str, context: &str, options: &[&str]) -> State {
+    let candidates = options.iter().map(|o| (format!("{o}-id"), o.to_string()));
     State {
-        id: id.into(),
         task_id: format!("task-{id}"),
-        point: point.into(),
-        context: context.into(),
-        candidates: options
-            .iter()
-            .map(|o| Candidate {
-                id: format!("{o}-id"),
-                label: o.to_string(),
-            })
-            .collect(),
-        answer: None,
-        teacher: None,
-        after_error: false,
-        rules: None,
-        split: None,
+        ..State::unlabelled(id, point, context, candidates)
     }
 }
 

@@ -6,31 +6,15 @@
 
 use std::path::Path;
 
-use decision_data::{Candidate, State};
+use decision_data::State;
 use decision_train::{Backend, DecisionModel, LoadOptions};
 
 #[path = "../../tests/support/checkers.rs"]
 mod checkers;
 
 fn state(id: &str, context: &str, options: &[&str]) -> State {
-    State {
-        id: id.into(),
-        task_id: id.into(),
-        point: "tool".into(),
-        context: context.into(),
-        candidates: options
-            .iter()
-            .map(|o| Candidate {
-                id: o.to_string(),
-                label: o.to_string(),
-            })
-            .collect(),
-        answer: None,
-        teacher: None,
-        after_error: false,
-        rules: None,
-        split: None,
-    }
+    let candidates = options.iter().map(|o| (o.to_string(), o.to_string()));
+    State::unlabelled(id, "tool", context, candidates)
 }
 
 #[test]

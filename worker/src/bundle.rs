@@ -5,13 +5,12 @@
 //! decision.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use decision_data::{Candidate, State};
+use decision_data::State;
+use decision_data::tree::hash_file;
 use decision_prompt::score::softmax_t;
 use decision_prompt::{DecisionSpec, Encoded, Prompter};
 use serde::Deserialize;
@@ -88,25 +87,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Size and SHA-256 of a file, streamed.
-fn hash_file(path: &Path) -> Result<(u64, String)> {
-    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        total += n as u64;
-    }
-    Ok((total, hex::encode(h.finalize())))
-}
-
 fn inside_bundle(rel: &str) -> bool {
     !rel.starts_with('/')
         && !rel.contains('\\')
@@ -117,27 +97,8 @@ fn inside_bundle(rel: &str) -> bool {
 
 /// Every file under `dir` except the manifest, bundle-relative, sorted.
 fn list_files(dir: &Path) -> Result<Vec<String>> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
-        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-            let entry = entry?;
-            let path = entry.path();
-            if entry.file_type()?.is_dir() {
-                walk(root, &path, out)?;
-            } else {
-                let rel = path.strip_prefix(root).expect("under root");
-                let parts: Vec<String> = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                out.push(parts.join("/"));
-            }
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out)?;
+    let mut out = decision_data::tree::relative_files(dir)?;
     out.retain(|p| p != MANIFEST);
-    out.sort();
     Ok(out)
 }
 
@@ -320,24 +281,7 @@ impl Bundle {
 
     /// The decision state of a request, as training renders states.
     pub fn state(&self, point: &str, context: &str, candidates: &[(String, String)]) -> State {
-        State {
-            id: "request".into(),
-            task_id: "request".into(),
-            point: point.into(),
-            context: context.into(),
-            candidates: candidates
-                .iter()
-                .map(|(id, label)| Candidate {
-                    id: id.clone(),
-                    label: label.clone(),
-                })
-                .collect(),
-            answer: None,
-            teacher: None,
-            after_error: false,
-            rules: None,
-            split: None,
-        }
+        State::unlabelled("request", point, context, candidates.iter().cloned())
     }
 
     /// `option_logits` (divided by the model temperature) of one encoded state, batch 1.
