@@ -177,6 +177,30 @@ pub(crate) struct Lowered {
     pub plan: BlobPlan,
 }
 
+/// Where one graph op's result goes: its final value is named `name` and has type `ty`; its
+/// temporaries are named `<base>_<step>`.
+struct Out {
+    name: String,
+    base: String,
+    ty: TType,
+}
+
+impl Out {
+    /// The (not yet unique) name of temporary `step`.
+    fn tmp(&self, step: &str) -> String {
+        format!("{}_{step}", self.base)
+    }
+}
+
+/// The bounds of a `slice_by_index` (stride 1 everywhere).
+struct SliceSpec<'a> {
+    begin: &'a [i32],
+    end: &'a [i32],
+    begin_mask: &'a [bool],
+    end_mask: &'a [bool],
+    squeeze_mask: &'a [bool],
+}
+
 struct Lowering<'g> {
     graph: &'g Graph,
     ops: Vec<mil::Operation>,
@@ -237,8 +261,12 @@ pub(crate) fn lower(graph: &Graph) -> Result<Lowered> {
             }
             None => l.fresh(&node.name),
         };
-        let base = sanitize(&node.name);
-        let var = l.node(&node.op, name, &base, ty)?;
+        let out = Out {
+            name,
+            base: sanitize(&node.name),
+            ty,
+        };
+        let var = l.node(&node.op, out)?;
         l.values.insert(node.output, var);
     }
     let mut outputs = Vec::new();
@@ -538,25 +566,14 @@ impl Lowering<'_> {
     }
 
     /// `slice_by_index` with every parameter written out.
-    #[allow(clippy::too_many_arguments)]
-    fn slice(
-        &mut self,
-        name: String,
-        x: Var,
-        begin: &[i32],
-        end: &[i32],
-        begin_mask: &[bool],
-        end_mask: &[bool],
-        squeeze_mask: &[bool],
-        out: TType,
-    ) -> Var {
-        let rank = begin.len();
-        let b = self.ints(&name, "begin", begin);
-        let e = self.ints(&name, "end", end);
+    fn slice(&mut self, name: String, x: Var, s: &SliceSpec, out: TType) -> Var {
+        let rank = s.begin.len();
+        let b = self.ints(&name, "begin", s.begin);
+        let e = self.ints(&name, "end", s.end);
         let stride = self.ints(&name, "stride", &vec![1; rank]);
-        let bm = self.bools(&name, "begin_mask", begin_mask);
-        let em = self.bools(&name, "end_mask", end_mask);
-        let sm = self.bools(&name, "squeeze_mask", squeeze_mask);
+        let bm = self.bools(&name, "begin_mask", s.begin_mask);
+        let em = self.bools(&name, "end_mask", s.end_mask);
+        let sm = self.bools(&name, "squeeze_mask", s.squeeze_mask);
         self.op(
             "slice_by_index",
             name,
@@ -597,404 +614,457 @@ impl Lowering<'_> {
         pair
     }
 
-    /// Lower one graph op; the op's final value is named `name`, temporaries `<base>_<step>`.
-    fn node(&mut self, op: &Op, name: String, base: &str, ty: TType) -> Result<Var> {
-        let t = |s: &str| format!("{base}_{s}");
+    /// Lower one graph op, one function per op family.
+    fn node(&mut self, op: &Op, out: Out) -> Result<Var> {
         Ok(match op {
-            Op::Embedding { table, ids } => {
-                let table = self.weight(*table)?;
-                let ids = self.val(*ids);
-                self.gather(name, table, ids, 0, ty)
-            }
-            Op::Linear { x, weight, bias } => {
-                let x = self.val(*x);
-                let w = self.weight(*weight)?;
-                let out_dim = self.graph.constant(*weight).shape[0];
-                let b = match bias {
-                    Some(b) => self.weight(*b)?,
-                    None => self.zero_bias(out_dim, self.graph.constant(*weight).dtype)?,
-                };
-                self.op(
-                    "linear",
-                    name,
-                    vec![("x", vec![x]), ("weight", vec![w]), ("bias", vec![b])],
-                    ty,
-                )
-            }
-            Op::RmsNorm { x, weight, eps } => {
-                let x = self.val(*x);
-                if x.ty.dtype != mil::DataType::Float32 {
-                    bail!("{base}: RMSNorm input must be fp32 (the graph casts around it)");
-                }
-                let w = self.weight(*weight)?;
-                let n = self.fresh(&t("square"));
-                let sq = self.binary("mul", n, x.clone(), x.clone(), x.ty.clone());
-                let n = self.fresh(&t("mean"));
-                let axes = self.ints(&n, "axes", &[-1]);
-                let keep = self.boolean(&n, "keep_dims", true);
-                let mean_ty = x.ty.with_last(Some(1));
-                let mean = self.op(
-                    "reduce_mean",
-                    n,
-                    vec![
-                        ("x", vec![sq]),
-                        ("axes", vec![axes]),
-                        ("keep_dims", vec![keep]),
-                    ],
-                    mean_ty.clone(),
-                );
-                let n = self.fresh(&t("rsqrt"));
-                let epsilon = self.scalar(&n, "epsilon", *eps, mil::DataType::Float32);
-                let inv = self.op(
-                    "rsqrt",
-                    n,
-                    vec![("x", vec![mean]), ("epsilon", vec![epsilon])],
-                    mean_ty,
-                );
-                let n = self.fresh(&t("normed"));
-                let normed = self.binary("mul", n, x.clone(), inv, x.ty.clone());
-                self.binary("mul", name, normed, w, ty)
-            }
+            Op::Embedding { table, ids } => self.embedding(*table, *ids, out)?,
+            Op::Linear { x, weight, bias } => self.linear(*x, *weight, *bias, out)?,
+            Op::RmsNorm { x, weight, eps } => self.rms_norm(*x, *weight, *eps, out)?,
             Op::Cast { x, to } => {
                 let x = self.val(*x);
-                self.cast(name, x, mil_dtype(*to), dtype_str(*to))
+                self.cast(out.name, x, mil_dtype(*to), dtype_str(*to))
             }
-            Op::SplitHeads { x, heads, head_dim } => {
-                let x = self.val(*x);
-                let r_ty = TType::new(
-                    x.ty.dtype,
-                    vec![Some(1), None, Some(*heads as u64), Some(*head_dim as u64)],
-                );
-                let n = self.fresh(&t("reshape"));
-                let r = self.reshape(n, x, &[1, -1, *heads as i32, *head_dim as i32], r_ty);
-                self.transpose(name, r, &[0, 2, 1, 3], ty)
-            }
-            Op::MergeHeads { x } => {
-                let x = self.val(*x);
-                let d = &x.ty.dims;
-                let (heads, width) =
-                    match (d.get(1).copied().flatten(), d.get(3).copied().flatten()) {
-                        (Some(h), Some(w)) => (h, w),
-                        _ => bail!("{base}: merge_heads needs fixed heads and head width"),
-                    };
-                let t_ty = TType::new(x.ty.dtype, vec![Some(1), None, Some(heads), Some(width)]);
-                let n = self.fresh(&t("transpose"));
-                let tr = self.transpose(n, x, &[0, 2, 1, 3], t_ty);
-                self.reshape(name, tr, &[1, -1, (heads * width) as i32], ty)
-            }
-            Op::PositionIds { mask } => {
-                let m = self.val(*mask);
-                let n = self.fresh(&t("cumsum"));
-                let axis = self.int(&n, "axis", 1);
-                let exclusive = self.boolean(&n, "exclusive", false);
-                let reverse = self.boolean(&n, "reverse", false);
-                let c = self.op(
-                    "cumsum",
-                    n,
-                    vec![
-                        ("x", vec![m.clone()]),
-                        ("axis", vec![axis]),
-                        ("exclusive", vec![exclusive]),
-                        ("reverse", vec![reverse]),
-                    ],
-                    m.ty.clone(),
-                );
-                let n = self.fresh(&t("minus_one"));
-                let one = self.int(&n, "y", 1);
-                let c1 = self.binary("sub", n, c, one, m.ty.clone());
-                let zero = self.int(&name, "y", 0);
-                self.binary("maximum", name, c1, zero, ty)
-            }
+            Op::SplitHeads { x, heads, head_dim } => self.split_heads(*x, *heads, *head_dim, out),
+            Op::MergeHeads { x } => self.merge_heads(*x, out)?,
+            Op::PositionIds { mask } => self.position_ids(*mask, out),
             Op::RopeAngles {
                 positions,
                 inv_freq,
-            } => {
-                let p = self.val(*positions);
-                let f = self.weight(*inv_freq)?;
-                let n = self.fresh(&t("float"));
-                let pf = self.cast(n, p, mil::DataType::Float32, "fp32");
-                let mut dims = pf.ty.dims.clone();
-                dims.push(Some(1));
-                let n = self.fresh(&t("column"));
-                let pe = self.expand_dims(n, pf, &[-1], TType::new(mil::DataType::Float32, dims));
-                self.binary("mul", name, pe, f, ty)
-            }
-            Op::Cos { x } => {
-                let x = self.val(*x);
-                self.unary("cos", name, x, ty)
-            }
-            Op::Sin { x } => {
-                let x = self.val(*x);
-                self.unary("sin", name, x, ty)
-            }
-            Op::Rope { x, cos, sin } => {
-                let (c, s) = self.rope_tables(*cos, *sin);
-                let x = self.val(*x);
-                let d = x.ty.dims.last().copied().flatten().unwrap_or(0);
-                if d == 0 || d % 2 != 0 {
-                    bail!("{base}: RoPE needs an even, fixed head width");
-                }
-                let h = (d / 2) as i32;
-                let half_ty = x.ty.with_last(Some(d / 2));
-                let n = self.fresh(&t("x1"));
-                let x1 = self.slice(
-                    n,
-                    x.clone(),
-                    &[0, 0, 0, 0],
-                    &[0, 0, 0, h],
-                    &[true, true, true, true],
-                    &[true, true, true, false],
-                    &[false; 4],
-                    half_ty.clone(),
-                );
-                let n = self.fresh(&t("x2"));
-                let x2 = self.slice(
-                    n,
-                    x.clone(),
-                    &[0, 0, 0, h],
-                    &[0, 0, 0, 0],
-                    &[true, true, true, false],
-                    &[true, true, true, true],
-                    &[false; 4],
-                    half_ty.clone(),
-                );
-                let n = self.fresh(&t("neg_x2"));
-                let minus = self.scalar(&n, "y", -1.0, x.ty.dtype);
-                let neg = self.binary("mul", n, x2, minus, half_ty);
-                let n = self.fresh(&t("rotated"));
-                let rot = self.concat(n, vec![neg, x1], -1, x.ty.clone());
-                let n = self.fresh(&t("x_cos"));
-                let a = self.binary("mul", n, x.clone(), c, x.ty.clone());
-                let n = self.fresh(&t("rot_sin"));
-                let b = self.binary("mul", n, rot, s, x.ty.clone());
-                self.binary("add", name, a, b, ty)
-            }
-            Op::AttentionBias { mask, masked } => {
-                let m = self.val(*mask);
-                let i32t = mil::DataType::Int32;
-                let n = self.fresh(&t("shape"));
-                let shp = self.unary("shape", n, m.clone(), TType::new(i32t, vec![Some(2)]));
-                let n = self.fresh(&t("seq"));
-                let one = self.int(&n, "indices", 1);
-                let seq = self.gather(n, shp, one, 0, TType::new(i32t, vec![]));
-                let n = self.fresh(&t("range"));
-                let start = self.int(&n, "start", 0);
-                let step = self.int(&n, "step", 1);
-                let idx = self.op(
-                    "range_1d",
-                    n,
-                    vec![
-                        ("end", vec![seq]),
-                        ("start", vec![start]),
-                        ("step", vec![step]),
-                    ],
-                    TType::new(i32t, vec![None]),
-                );
-                let n = self.fresh(&t("rows"));
-                let rows =
-                    self.expand_dims(n, idx.clone(), &[1], TType::new(i32t, vec![None, Some(1)]));
-                let n = self.fresh(&t("cols"));
-                let cols = self.expand_dims(n, idx, &[0], TType::new(i32t, vec![Some(1), None]));
-                let n = self.fresh(&t("causal"));
-                let causal = self.binary(
-                    "less_equal",
-                    n,
-                    cols,
-                    rows,
-                    TType::new(mil::DataType::Bool, vec![None, None]),
-                );
-                let n = self.fresh(&t("mask_4d"));
-                let m4 = self.expand_dims(
-                    n,
-                    m,
-                    &[1, 2],
-                    TType::new(i32t, vec![Some(1), Some(1), Some(1), None]),
-                );
-                let n = self.fresh(&t("key_real"));
-                let one = self.int(&n, "y", 1);
-                let real = self.binary(
-                    "equal",
-                    n,
-                    m4,
-                    one,
-                    TType::new(mil::DataType::Bool, vec![Some(1), Some(1), Some(1), None]),
-                );
-                let n = self.fresh(&t("allowed"));
-                let allowed = self.binary(
-                    "logical_and",
-                    n,
-                    causal,
-                    real,
-                    TType::new(mil::DataType::Bool, vec![Some(1), Some(1), None, None]),
-                );
-                // bias = (1 − allowed) · masked: 0 where allowed, `masked` elsewhere. (Not
-                // `select`: its result type follows `a` and `b` only, which are scalars here.)
-                let f32t = mil::DataType::Float32;
-                let n = self.fresh(&t("allowed_fp32"));
-                let allowed = self.cast(n, allowed, f32t, "fp32");
-                let n = self.fresh(&t("blocked"));
-                let one = self.scalar(&n, "x", 1.0, f32t);
-                let blocked = self.binary("sub", n, one, allowed, ty.clone());
-                let neg = self.scalar(&name, "y", *masked, f32t);
-                self.binary("mul", name, blocked, neg, ty)
-            }
+            } => self.rope_angles(*positions, *inv_freq, out)?,
+            Op::Cos { x } => self.elementwise("cos", &[*x], out),
+            Op::Sin { x } => self.elementwise("sin", &[*x], out),
+            Op::Rope { x, cos, sin } => self.rope(*x, (*cos, *sin), out)?,
+            Op::AttentionBias { mask, masked } => self.attention_bias(*mask, *masked, out),
             Op::Attention {
                 q,
                 k,
                 v,
                 bias,
                 scale,
-            } => {
-                let (mut q, mut k, mut v) = (self.val(*q), self.val(*k), self.val(*v));
-                let bias = self.val(*bias);
-                let heads = |x: &Var| x.ty.dims.get(1).copied().flatten();
-                let (Some(hq), Some(hkv)) = (heads(&q), heads(&k)) else {
-                    bail!("{base}: attention needs fixed head counts");
-                };
-                if hkv == 0 || hq % hkv != 0 {
-                    bail!("{base}: {hq} query heads are not a multiple of {hkv} key/value heads");
-                }
-                let d = q.ty.dims.last().copied().flatten().unwrap_or(0);
-                if hq != hkv {
-                    // Grouped-query attention: query head i reads kv head i / (hq / hkv), each kv
-                    // head repeated consecutively (transformers' repeat_kv), by an explicit gather.
-                    let rep = hq / hkv;
-                    let index: Vec<i32> = (0..hq).map(|i| (i / rep) as i32).collect();
-                    let mut repeated = Vec::new();
-                    for (label, x) in [("k", k.clone()), ("v", v.clone())] {
-                        let n = self.fresh(&t(&format!("{label}_repeat")));
-                        let idx = self.ints(&n, "indices", &index);
-                        let mut dims = x.ty.dims.clone();
-                        dims[1] = Some(hq);
-                        let ty = TType::new(x.ty.dtype, dims);
-                        repeated.push(self.gather(n, x, idx, 1, ty));
-                    }
-                    v = repeated.pop().expect("v");
-                    k = repeated.pop().expect("k");
-                }
-                let dt = q.ty.dtype;
-                let f32t = mil::DataType::Float32;
-                if dt != f32t {
-                    // The precision policy: attention probabilities are computed in fp32.
-                    for (label, x) in [("q", &mut q), ("k", &mut k), ("v", &mut v)] {
-                        let n = self.fresh(&t(&format!("{label}_fp32")));
-                        *x = self.cast(n, x.clone(), f32t, "fp32");
-                    }
-                }
-                // scaled_dot_product_attention divides by sqrt(d); any other scale is folded
-                // into the query.
-                let factor = *scale as f64 * (d as f64).sqrt();
-                if (factor - 1.0).abs() > 1e-6 {
-                    let n = self.fresh(&t("q_scaled"));
-                    let y = self.scalar(&n, "y", factor as f32, f32t);
-                    let ty = q.ty.clone();
-                    q = self.binary("mul", n, q, y, ty);
-                }
-                let out32 = ty.with_dtype(f32t);
-                let sdpa_name = if dt == f32t {
-                    name.clone()
-                } else {
-                    self.fresh(&t("sdpa"))
-                };
-                let a = self.op(
-                    "scaled_dot_product_attention",
-                    sdpa_name,
-                    vec![
-                        ("query", vec![q]),
-                        ("key", vec![k]),
-                        ("value", vec![v]),
-                        ("attn_mask", vec![bias]),
-                    ],
-                    out32,
-                );
-                if dt == f32t {
-                    a
-                } else {
-                    self.cast(name, a, dt, "fp16")
-                }
-            }
-            Op::Silu { x } => {
-                let x = self.val(*x);
-                self.unary("silu", name, x, ty)
-            }
-            Op::Mul { a, b } => {
-                let (a, b) = (self.val(*a), self.val(*b));
-                self.binary("mul", name, a, b, ty)
-            }
-            Op::Add { a, b } => {
-                let (a, b) = (self.val(*a), self.val(*b));
-                self.binary("add", name, a, b, ty)
-            }
+            } => self.attention([*q, *k, *v], *bias, *scale, out)?,
+            Op::Silu { x } => self.elementwise("silu", &[*x], out),
+            Op::Mul { a, b } => self.elementwise("mul", &[*a, *b], out),
+            Op::Add { a, b } => self.elementwise("add", &[*a, *b], out),
             Op::LastPosition { x } => {
                 let x = self.val(*x);
-                self.slice(
-                    name,
-                    x,
-                    &[0, -1, 0],
-                    &[0, 0, 0],
-                    &[true, false, true],
-                    &[true, true, true],
-                    &[false, true, false],
-                    ty,
-                )
+                let last = SliceSpec {
+                    begin: &[0, -1, 0],
+                    end: &[0, 0, 0],
+                    begin_mask: &[true, false, true],
+                    end_mask: &[true, true, true],
+                    squeeze_mask: &[false, true, false],
+                };
+                self.slice(out.name, x, &last, out.ty)
             }
             Op::OptionLogits { hidden, table, ids } => {
-                let h = self.val(*hidden);
-                let ids = self.val(*ids);
-                let table_var = self.weight(*table)?;
-                let width = self.graph.constant(*table).shape[1] as u64;
-                let rows_ty = TType::new(table_var.ty.dtype, vec![Some(1), None, Some(width)]);
-                let n = self.fresh(&t("rows"));
-                let mut rows = self.gather(n, table_var, ids, 0, rows_ty.clone());
-                let f32t = mil::DataType::Float32;
-                if rows_ty.dtype != f32t {
-                    let n = self.fresh(&t("rows_fp32"));
-                    rows = self.cast(n, rows, f32t, "fp32");
-                }
-                let n = self.fresh(&t("hidden_column"));
-                let col = self.expand_dims(
-                    n,
-                    h,
-                    &[-1],
-                    TType::new(f32t, vec![Some(1), Some(width), Some(1)]),
-                );
-                let n = self.fresh(&t("matmul"));
-                let tx = self.boolean(&n, "transpose_x", false);
-                let ty_ = self.boolean(&n, "transpose_y", false);
-                let lg = self.op(
-                    "matmul",
-                    n,
-                    vec![
-                        ("x", vec![rows]),
-                        ("y", vec![col]),
-                        ("transpose_x", vec![tx]),
-                        ("transpose_y", vec![ty_]),
-                    ],
-                    TType::new(f32t, vec![Some(1), None, Some(1)]),
-                );
-                let axes = self.ints(&name, "axes", &[-1]);
-                self.op(
-                    "squeeze",
-                    name,
-                    vec![("x", vec![lg]), ("axes", vec![axes])],
-                    ty,
-                )
+                self.option_logits(*hidden, *table, *ids, out)?
             }
             Op::DivScalar { x, divisor } => {
                 let x = self.val(*x);
-                let y = self.scalar(&name, "y", *divisor, x.ty.dtype);
-                self.binary("real_div", name, x, y, ty)
+                let y = self.scalar(&out.name, "y", *divisor, x.ty.dtype);
+                self.binary("real_div", out.name, x, y, out.ty)
             }
             Op::Softmax { x } => {
                 let x = self.val(*x);
-                let axis = self.int(&name, "axis", -1);
+                let axis = self.int(&out.name, "axis", -1);
                 self.op(
                     "softmax",
-                    name,
+                    out.name,
                     vec![("x", vec![x]), ("axis", vec![axis])],
-                    ty,
+                    out.ty,
                 )
             }
         })
+    }
+
+    /// A one-op MIL equivalent: `kind(x)` for one input, `kind(x, y)` for two.
+    fn elementwise(&mut self, kind: &str, inputs: &[ValueId], out: Out) -> Var {
+        match *inputs {
+            [x] => {
+                let x = self.val(x);
+                self.unary(kind, out.name, x, out.ty)
+            }
+            [a, b] => {
+                let (a, b) = (self.val(a), self.val(b));
+                self.binary(kind, out.name, a, b, out.ty)
+            }
+            _ => unreachable!("elementwise ops take one or two inputs"),
+        }
+    }
+
+    fn embedding(&mut self, table: ConstId, ids: ValueId, out: Out) -> Result<Var> {
+        let table = self.weight(table)?;
+        let ids = self.val(ids);
+        Ok(self.gather(out.name, table, ids, 0, out.ty))
+    }
+
+    /// `linear` with its bias written out (a zero bias when the layer has none).
+    fn linear(
+        &mut self,
+        x: ValueId,
+        weight: ConstId,
+        bias: Option<ConstId>,
+        out: Out,
+    ) -> Result<Var> {
+        let x = self.val(x);
+        let w = self.weight(weight)?;
+        let c = self.graph.constant(weight);
+        let (out_dim, dtype) = (c.shape[0], c.dtype);
+        let b = match bias {
+            Some(b) => self.weight(b)?,
+            None => self.zero_bias(out_dim, dtype)?,
+        };
+        Ok(self.op(
+            "linear",
+            out.name,
+            vec![("x", vec![x]), ("weight", vec![w]), ("bias", vec![b])],
+            out.ty,
+        ))
+    }
+
+    /// `x · rsqrt(mean(x²) + eps) · weight`, in fp32.
+    fn rms_norm(&mut self, x: ValueId, weight: ConstId, eps: f32, out: Out) -> Result<Var> {
+        let x = self.val(x);
+        if x.ty.dtype != mil::DataType::Float32 {
+            bail!(
+                "{}: RMSNorm input must be fp32 (the graph casts around it)",
+                out.base
+            );
+        }
+        let w = self.weight(weight)?;
+        let n = self.fresh(&out.tmp("square"));
+        let sq = self.binary("mul", n, x.clone(), x.clone(), x.ty.clone());
+        let n = self.fresh(&out.tmp("mean"));
+        let axes = self.ints(&n, "axes", &[-1]);
+        let keep = self.boolean(&n, "keep_dims", true);
+        let mean_ty = x.ty.with_last(Some(1));
+        let mean = self.op(
+            "reduce_mean",
+            n,
+            vec![
+                ("x", vec![sq]),
+                ("axes", vec![axes]),
+                ("keep_dims", vec![keep]),
+            ],
+            mean_ty.clone(),
+        );
+        let n = self.fresh(&out.tmp("rsqrt"));
+        let epsilon = self.scalar(&n, "epsilon", eps, mil::DataType::Float32);
+        let inv = self.op(
+            "rsqrt",
+            n,
+            vec![("x", vec![mean]), ("epsilon", vec![epsilon])],
+            mean_ty,
+        );
+        let n = self.fresh(&out.tmp("normed"));
+        let normed = self.binary("mul", n, x.clone(), inv, x.ty.clone());
+        Ok(self.binary("mul", out.name, normed, w, out.ty))
+    }
+
+    /// `[1, s, heads·d]` → `[1, heads, s, d]`.
+    fn split_heads(&mut self, x: ValueId, heads: usize, head_dim: usize, out: Out) -> Var {
+        let x = self.val(x);
+        let r_ty = TType::new(
+            x.ty.dtype,
+            vec![Some(1), None, Some(heads as u64), Some(head_dim as u64)],
+        );
+        let n = self.fresh(&out.tmp("reshape"));
+        let r = self.reshape(n, x, &[1, -1, heads as i32, head_dim as i32], r_ty);
+        self.transpose(out.name, r, &[0, 2, 1, 3], out.ty)
+    }
+
+    /// `[1, heads, s, d]` → `[1, s, heads·d]`.
+    fn merge_heads(&mut self, x: ValueId, out: Out) -> Result<Var> {
+        let x = self.val(x);
+        let d = &x.ty.dims;
+        let (heads, width) = match (d.get(1).copied().flatten(), d.get(3).copied().flatten()) {
+            (Some(h), Some(w)) => (h, w),
+            _ => bail!("{}: merge_heads needs fixed heads and head width", out.base),
+        };
+        let t_ty = TType::new(x.ty.dtype, vec![Some(1), None, Some(heads), Some(width)]);
+        let n = self.fresh(&out.tmp("transpose"));
+        let tr = self.transpose(n, x, &[0, 2, 1, 3], t_ty);
+        Ok(self.reshape(out.name, tr, &[1, -1, (heads * width) as i32], out.ty))
+    }
+
+    /// `max(cumsum(mask) − 1, 0)`: positions counted over real tokens only.
+    fn position_ids(&mut self, mask: ValueId, out: Out) -> Var {
+        let m = self.val(mask);
+        let n = self.fresh(&out.tmp("cumsum"));
+        let axis = self.int(&n, "axis", 1);
+        let exclusive = self.boolean(&n, "exclusive", false);
+        let reverse = self.boolean(&n, "reverse", false);
+        let c = self.op(
+            "cumsum",
+            n,
+            vec![
+                ("x", vec![m.clone()]),
+                ("axis", vec![axis]),
+                ("exclusive", vec![exclusive]),
+                ("reverse", vec![reverse]),
+            ],
+            m.ty.clone(),
+        );
+        let n = self.fresh(&out.tmp("minus_one"));
+        let one = self.int(&n, "y", 1);
+        let c1 = self.binary("sub", n, c, one, m.ty.clone());
+        let zero = self.int(&out.name, "y", 0);
+        self.binary("maximum", out.name, c1, zero, out.ty)
+    }
+
+    /// `float(positions)[.., None] · inv_freq`.
+    fn rope_angles(&mut self, positions: ValueId, inv_freq: ConstId, out: Out) -> Result<Var> {
+        let p = self.val(positions);
+        let f = self.weight(inv_freq)?;
+        let n = self.fresh(&out.tmp("float"));
+        let pf = self.cast(n, p, mil::DataType::Float32, "fp32");
+        let mut dims = pf.ty.dims.clone();
+        dims.push(Some(1));
+        let n = self.fresh(&out.tmp("column"));
+        let pe = self.expand_dims(n, pf, &[-1], TType::new(mil::DataType::Float32, dims));
+        Ok(self.binary("mul", out.name, pe, f, out.ty))
+    }
+
+    /// `x · cos + rotate_half(x) · sin`, the tables shared by every layer.
+    fn rope(&mut self, x: ValueId, (cos, sin): (ValueId, ValueId), out: Out) -> Result<Var> {
+        let (c, s) = self.rope_tables(cos, sin);
+        let x = self.val(x);
+        let d = x.ty.dims.last().copied().flatten().unwrap_or(0);
+        if d == 0 || d % 2 != 0 {
+            bail!("{}: RoPE needs an even, fixed head width", out.base);
+        }
+        let h = (d / 2) as i32;
+        let half_ty = x.ty.with_last(Some(d / 2));
+        let first = SliceSpec {
+            begin: &[0, 0, 0, 0],
+            end: &[0, 0, 0, h],
+            begin_mask: &[true, true, true, true],
+            end_mask: &[true, true, true, false],
+            squeeze_mask: &[false; 4],
+        };
+        let second = SliceSpec {
+            begin: &[0, 0, 0, h],
+            end: &[0, 0, 0, 0],
+            begin_mask: &[true, true, true, false],
+            end_mask: &[true, true, true, true],
+            squeeze_mask: &[false; 4],
+        };
+        let n = self.fresh(&out.tmp("x1"));
+        let x1 = self.slice(n, x.clone(), &first, half_ty.clone());
+        let n = self.fresh(&out.tmp("x2"));
+        let x2 = self.slice(n, x.clone(), &second, half_ty.clone());
+        let n = self.fresh(&out.tmp("neg_x2"));
+        let minus = self.scalar(&n, "y", -1.0, x.ty.dtype);
+        let neg = self.binary("mul", n, x2, minus, half_ty);
+        let n = self.fresh(&out.tmp("rotated"));
+        let rot = self.concat(n, vec![neg, x1], -1, x.ty.clone());
+        let n = self.fresh(&out.tmp("x_cos"));
+        let a = self.binary("mul", n, x.clone(), c, x.ty.clone());
+        let n = self.fresh(&out.tmp("rot_sin"));
+        let b = self.binary("mul", n, rot, s, x.ty.clone());
+        Ok(self.binary("add", out.name, a, b, out.ty))
+    }
+
+    /// The additive attention bias `[1, 1, s, s]` from the padding mask: 0 where a query may
+    /// attend (causal and a real key), `masked` elsewhere.
+    fn attention_bias(&mut self, mask: ValueId, masked: f32, out: Out) -> Var {
+        let m = self.val(mask);
+        let i32t = mil::DataType::Int32;
+        let n = self.fresh(&out.tmp("shape"));
+        let shp = self.unary("shape", n, m.clone(), TType::new(i32t, vec![Some(2)]));
+        let n = self.fresh(&out.tmp("seq"));
+        let one = self.int(&n, "indices", 1);
+        let seq = self.gather(n, shp, one, 0, TType::new(i32t, vec![]));
+        let n = self.fresh(&out.tmp("range"));
+        let start = self.int(&n, "start", 0);
+        let step = self.int(&n, "step", 1);
+        let idx = self.op(
+            "range_1d",
+            n,
+            vec![
+                ("end", vec![seq]),
+                ("start", vec![start]),
+                ("step", vec![step]),
+            ],
+            TType::new(i32t, vec![None]),
+        );
+        let n = self.fresh(&out.tmp("rows"));
+        let rows = self.expand_dims(n, idx.clone(), &[1], TType::new(i32t, vec![None, Some(1)]));
+        let n = self.fresh(&out.tmp("cols"));
+        let cols = self.expand_dims(n, idx, &[0], TType::new(i32t, vec![Some(1), None]));
+        let n = self.fresh(&out.tmp("causal"));
+        let causal = self.binary(
+            "less_equal",
+            n,
+            cols,
+            rows,
+            TType::new(mil::DataType::Bool, vec![None, None]),
+        );
+        let n = self.fresh(&out.tmp("mask_4d"));
+        let m4 = self.expand_dims(
+            n,
+            m,
+            &[1, 2],
+            TType::new(i32t, vec![Some(1), Some(1), Some(1), None]),
+        );
+        let n = self.fresh(&out.tmp("key_real"));
+        let one = self.int(&n, "y", 1);
+        let real = self.binary(
+            "equal",
+            n,
+            m4,
+            one,
+            TType::new(mil::DataType::Bool, vec![Some(1), Some(1), Some(1), None]),
+        );
+        let n = self.fresh(&out.tmp("allowed"));
+        let allowed = self.binary(
+            "logical_and",
+            n,
+            causal,
+            real,
+            TType::new(mil::DataType::Bool, vec![Some(1), Some(1), None, None]),
+        );
+        // bias = (1 − allowed) · masked: 0 where allowed, `masked` elsewhere. (Not `select`: its
+        // result type follows `a` and `b` only, which are scalars here.)
+        let f32t = mil::DataType::Float32;
+        let n = self.fresh(&out.tmp("allowed_fp32"));
+        let allowed = self.cast(n, allowed, f32t, "fp32");
+        let n = self.fresh(&out.tmp("blocked"));
+        let one = self.scalar(&n, "x", 1.0, f32t);
+        let blocked = self.binary("sub", n, one, allowed, out.ty.clone());
+        let neg = self.scalar(&out.name, "y", masked, f32t);
+        self.binary("mul", out.name, blocked, neg, out.ty)
+    }
+
+    /// `scaled_dot_product_attention` in fp32, key/value heads repeated for grouped-query
+    /// attention and any scale other than 1/√d folded into the query.
+    fn attention(
+        &mut self,
+        [q, k, v]: [ValueId; 3],
+        bias: ValueId,
+        scale: f32,
+        out: Out,
+    ) -> Result<Var> {
+        let (mut q, mut k, mut v) = (self.val(q), self.val(k), self.val(v));
+        let bias = self.val(bias);
+        let heads = |x: &Var| x.ty.dims.get(1).copied().flatten();
+        let (Some(hq), Some(hkv)) = (heads(&q), heads(&k)) else {
+            bail!("{}: attention needs fixed head counts", out.base);
+        };
+        if hkv == 0 || hq % hkv != 0 {
+            bail!(
+                "{}: {hq} query heads are not a multiple of {hkv} key/value heads",
+                out.base
+            );
+        }
+        let d = q.ty.dims.last().copied().flatten().unwrap_or(0);
+        if hq != hkv {
+            // Grouped-query attention: query head i reads kv head i / (hq / hkv), each kv head
+            // repeated consecutively (transformers' repeat_kv), by an explicit gather.
+            let rep = hq / hkv;
+            let index: Vec<i32> = (0..hq).map(|i| (i / rep) as i32).collect();
+            let mut repeated = Vec::new();
+            for (label, x) in [("k", k.clone()), ("v", v.clone())] {
+                let n = self.fresh(&out.tmp(&format!("{label}_repeat")));
+                let idx = self.ints(&n, "indices", &index);
+                let mut dims = x.ty.dims.clone();
+                dims[1] = Some(hq);
+                let ty = TType::new(x.ty.dtype, dims);
+                repeated.push(self.gather(n, x, idx, 1, ty));
+            }
+            v = repeated.pop().expect("v");
+            k = repeated.pop().expect("k");
+        }
+        let dt = q.ty.dtype;
+        let f32t = mil::DataType::Float32;
+        if dt != f32t {
+            // The precision policy: attention probabilities are computed in fp32.
+            for (label, x) in [("q", &mut q), ("k", &mut k), ("v", &mut v)] {
+                let n = self.fresh(&out.tmp(&format!("{label}_fp32")));
+                *x = self.cast(n, x.clone(), f32t, "fp32");
+            }
+        }
+        // scaled_dot_product_attention divides by sqrt(d); any other scale is folded into the
+        // query.
+        let factor = scale as f64 * (d as f64).sqrt();
+        if (factor - 1.0).abs() > 1e-6 {
+            let n = self.fresh(&out.tmp("q_scaled"));
+            let y = self.scalar(&n, "y", factor as f32, f32t);
+            let ty = q.ty.clone();
+            q = self.binary("mul", n, q, y, ty);
+        }
+        let out32 = out.ty.with_dtype(f32t);
+        let sdpa_name = if dt == f32t {
+            out.name.clone()
+        } else {
+            self.fresh(&out.tmp("sdpa"))
+        };
+        let a = self.op(
+            "scaled_dot_product_attention",
+            sdpa_name,
+            vec![
+                ("query", vec![q]),
+                ("key", vec![k]),
+                ("value", vec![v]),
+                ("attn_mask", vec![bias]),
+            ],
+            out32,
+        );
+        Ok(if dt == f32t {
+            a
+        } else {
+            self.cast(out.name, a, dt, "fp16")
+        })
+    }
+
+    /// The option logits: the label tokens' rows of the output table times the last hidden
+    /// state, in fp32.
+    fn option_logits(
+        &mut self,
+        hidden: ValueId,
+        table: ConstId,
+        ids: ValueId,
+        out: Out,
+    ) -> Result<Var> {
+        let h = self.val(hidden);
+        let ids = self.val(ids);
+        let table_var = self.weight(table)?;
+        let width = self.graph.constant(table).shape[1] as u64;
+        let rows_ty = TType::new(table_var.ty.dtype, vec![Some(1), None, Some(width)]);
+        let n = self.fresh(&out.tmp("rows"));
+        let mut rows = self.gather(n, table_var, ids, 0, rows_ty.clone());
+        let f32t = mil::DataType::Float32;
+        if rows_ty.dtype != f32t {
+            let n = self.fresh(&out.tmp("rows_fp32"));
+            rows = self.cast(n, rows, f32t, "fp32");
+        }
+        let n = self.fresh(&out.tmp("hidden_column"));
+        let col = self.expand_dims(
+            n,
+            h,
+            &[-1],
+            TType::new(f32t, vec![Some(1), Some(width), Some(1)]),
+        );
+        let n = self.fresh(&out.tmp("matmul"));
+        let tx = self.boolean(&n, "transpose_x", false);
+        let ty_ = self.boolean(&n, "transpose_y", false);
+        let lg = self.op(
+            "matmul",
+            n,
+            vec![
+                ("x", vec![rows]),
+                ("y", vec![col]),
+                ("transpose_x", vec![tx]),
+                ("transpose_y", vec![ty_]),
+            ],
+            TType::new(f32t, vec![Some(1), None, Some(1)]),
+        );
+        let axes = self.ints(&out.name, "axes", &[-1]);
+        Ok(self.op(
+            "squeeze",
+            out.name,
+            vec![("x", vec![lg]), ("axes", vec![axes])],
+            out.ty,
+        ))
     }
 }
