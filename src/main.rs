@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod sim;
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +48,9 @@ enum Command {
     /// Check an export bundle (`decision bundle verify BUNDLE`)
     #[command(subcommand)]
     Bundle(decision_export::cli::BundleCmd),
+    /// Run the shop's agent with the model deciding above its thresholds: success, delegation,
+    /// cost per mode, on paired tasks; shadow / cascade receipts for `fit`
+    Sim(decision_sim::SimArgs),
     /// The whole job on synthetic data: generate, train, eval, fit, retrain on new rules, refit, export, verify
     Demo(demo::DemoArgs),
 }
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => decision_train::eval::run(&args),
         Command::Export(args) => args.run(),
         Command::Bundle(cmd) => cmd.run(),
+        Command::Sim(args) => decision_sim::cli::run(&args, sim::load),
         Command::Demo(args) => demo::run(&args),
     };
     match result {

@@ -19,13 +19,20 @@ pub trait Scorer {
 
     /// What is scoring, for reports and receipts (`model` field).
     fn name(&self) -> String;
+
+    /// How many states of one call are scored at once (on parallel threads, each alone): the
+    /// cache counts each state's latency as the call's wall time times this over the states.
+    fn parallelism(&self) -> usize {
+        1
+    }
 }
 
 /// One state's scores and how long the model took on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
     pub probs: Option<Vec<f64>>,
-    /// Wall time of the scoring call divided by the states it held, in milliseconds.
+    /// The model's latency on this state in milliseconds: the wall time of its scoring call
+    /// divided by the states it held, times the scorer's parallelism.
     pub ms: f64,
 }
 
@@ -86,7 +93,8 @@ impl<'a> Cache<'a> {
         for (chunk, chunk_keys) in todo.chunks(self.batch).zip(keys.chunks(self.batch)) {
             let t = Instant::now();
             let out = self.scorer.score(chunk)?;
-            let ms = t.elapsed().as_secs_f64() * 1000.0 / chunk.len() as f64;
+            let at_once = self.scorer.parallelism().clamp(1, chunk.len());
+            let ms = t.elapsed().as_secs_f64() * 1000.0 * at_once as f64 / chunk.len() as f64;
             if out.len() != chunk.len() {
                 bail!(
                     "{}: {} scores for {} states",
@@ -135,73 +143,4 @@ fn check_probs(s: &State, p: &[f64], name: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    /// A scorer for tests: the answer key with confidence `right` on states whose task index is
-    /// not divisible by `wrong_every`, else a confident wrong pick; counts its calls.
-    pub struct KeyScorer {
-        pub right: f64,
-        pub wrong_every: u64,
-        pub states: u64,
-    }
-
-    impl Scorer for KeyScorer {
-        fn score(&mut self, states: &[&State]) -> Result<Vec<Option<Vec<f64>>>> {
-            self.states += states.len() as u64;
-            Ok(states
-                .iter()
-                .map(|s| {
-                    let k = s.candidates.len();
-                    let answer = s
-                        .candidates
-                        .iter()
-                        .position(|c| Some(&c.id) == s.answer.as_ref())
-                        .unwrap();
-                    let index: u64 = s.task_id.rsplit("-t").next().unwrap().parse().unwrap();
-                    let top = if index.is_multiple_of(self.wrong_every) {
-                        (answer + 1) % k
-                    } else {
-                        answer
-                    };
-                    let mut p = vec![(1.0 - self.right) / (k - 1) as f64; k];
-                    p[top] = self.right;
-                    Some(p)
-                })
-                .collect())
-        }
-
-        fn name(&self) -> String {
-            "key-scorer".into()
-        }
-    }
-
-    #[test]
-    fn each_distinct_state_is_scored_once() {
-        let states = decision_data::r#gen::generate(&decision_data::r#gen::GenOptions {
-            tasks: 5,
-            ..Default::default()
-        })
-        .unwrap();
-        let mut scorer = KeyScorer {
-            right: 0.9,
-            wrong_every: 1000,
-            states: 0,
-        };
-        let mut cache = Cache::new(&mut scorer, 4);
-        let refs: Vec<&State> = states.iter().chain(&states).collect();
-        cache.fill(&refs).unwrap();
-        let first = cache.get(&states[0]).unwrap();
-        assert_eq!(cache.scored, states.len() as u64);
-        assert_eq!(cache.hits, 1);
-        assert_eq!(
-            first.probs.as_ref().unwrap().len(),
-            states[0].candidates.len()
-        );
-        drop(cache);
-        assert_eq!(scorer.states, states.len() as u64);
-    }
 }

@@ -13,13 +13,16 @@ use decision_sim::{Cache, Llm, Mode, Scorer, SimConfig, Thresholds, run_mode};
 
 /// Answers the key with confidence `right`, except on every `wrong_every`-th task, where it is
 /// as sure of the next candidate instead (a model that is confidently wrong on some tasks).
+/// Counts the states it was asked to score.
 struct KeyScorer {
     right: f64,
     wrong_every: u64,
+    states: u64,
 }
 
 impl Scorer for KeyScorer {
     fn score(&mut self, states: &[&State]) -> Result<Vec<Option<Vec<f64>>>> {
+        self.states += states.len() as u64;
         Ok(states
             .iter()
             .map(|s| {
@@ -65,6 +68,7 @@ fn modes_run_on_the_same_tasks() {
     let mut scorer = KeyScorer {
         right: 0.97,
         wrong_every: 9,
+        states: 0,
     };
     let mut cache = Cache::new(&mut scorer, 16);
     let none: Thresholds = [("tool", None), ("args", None), ("stop", None)]
@@ -145,6 +149,7 @@ fn shadow_receipts_fit_the_same_from_memory_and_from_the_file() {
         scorer: Box::new(KeyScorer {
             right: 0.99,
             wrong_every: 1000,
+            states: 0,
         }),
         thresholds: None,
     };
@@ -237,6 +242,7 @@ fn the_report_has_the_contract_shape_and_the_cascade_holds_success() {
         scorer: Box::new(KeyScorer {
             right: 0.97,
             wrong_every: 12,
+            states: 0,
         }),
         thresholds: Some(thresholds.clone()),
     };
@@ -291,9 +297,36 @@ fn the_report_has_the_contract_shape_and_the_cascade_holds_success() {
         scorer: Box::new(KeyScorer {
             right: 0.9,
             wrong_every: 5,
+            states: 0,
         }),
         thresholds: None,
     };
     let e = simulate(&no_th, Some(model)).err().unwrap().to_string();
     assert!(e.contains("--thresholds"), "{e}");
+}
+
+#[test]
+fn each_distinct_state_is_scored_once() {
+    let states = decision_data::r#gen::generate(&decision_data::r#gen::GenOptions {
+        tasks: 5,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut scorer = KeyScorer {
+        right: 0.9,
+        wrong_every: 1000,
+        states: 0,
+    };
+    let mut cache = Cache::new(&mut scorer, 4);
+    let refs: Vec<&State> = states.iter().chain(&states).collect();
+    cache.fill(&refs).unwrap();
+    let first = cache.get(&states[0]).unwrap();
+    assert_eq!(cache.scored, states.len() as u64);
+    assert_eq!(cache.hits, 1);
+    assert_eq!(
+        first.probs.as_ref().unwrap().len(),
+        states[0].candidates.len()
+    );
+    drop(cache);
+    assert_eq!(scorer.states, states.len() as u64);
 }
