@@ -77,9 +77,10 @@ impl Scorer for BundleScorer {
                 match decide(&self.bundle, &opts, &req) {
                     // One candidate is not a question the model was trained on: the worker never
                     // accepts it, so neither does the simulation.
-                    Answer::Decision { escalated, .. } if escalated == Some("single-candidate") => {
-                        Ok(None)
-                    }
+                    Answer::Decision {
+                        escalated: Some("single-candidate"),
+                        ..
+                    } => Ok(None),
                     Answer::Decision { probs, .. } => Ok(Some(probs)),
                     Answer::Capacity { .. } => Ok(None),
                     Answer::Inference { reason } => {
