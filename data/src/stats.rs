@@ -189,8 +189,9 @@ impl Stats {
     }
 }
 
-/// Index of the largest value, the first on ties; `None` for an empty vector.
-pub fn argmax(v: &[f64]) -> Option<usize> {
+/// Index of the largest value, the first on ties; `None` for an empty vector. The one rule for
+/// a pick from scores (decision-train, the worker, the parity gate, the simulation).
+pub fn argmax<T: PartialOrd + Copy>(v: &[T]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, &x) in v.iter().enumerate() {
         if best.is_none_or(|b| x > v[b]) {
@@ -198,6 +199,11 @@ pub fn argmax(v: &[f64]) -> Option<usize> {
         }
     }
     best
+}
+
+/// [`argmax`] of scores that are never empty (index 0 for an empty slice).
+pub fn first_max<T: PartialOrd + Copy>(v: &[T]) -> usize {
+    argmax(v).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -229,7 +235,9 @@ mod tests {
     fn argmax_takes_first_on_ties() {
         assert_eq!(argmax(&[0.2, 0.4, 0.4]), Some(1));
         assert_eq!(argmax(&[0.9, 0.1]), Some(0));
-        assert_eq!(argmax(&[]), None);
+        assert_eq!(argmax::<f64>(&[]), None);
+        assert_eq!(first_max(&[0.2f32, 0.4, 0.4]), 1);
+        assert_eq!(first_max::<f64>(&[]), 0);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use decision_data::stats::first_max;
 use serde::Serialize;
 use tract_onnx::prelude::*;
 
@@ -222,17 +223,6 @@ impl ParityReport {
         )
     }
 }
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0
-}
-
 /// The running maximum of `|x − y|`; a NaN on either side counts as an infinite gap.
 fn max_gap(max: f32, x: f32, y: f32) -> f32 {
     let d = (x - y).abs();
@@ -295,7 +285,7 @@ pub fn compare(
             let tie = sorted.len() > 1 && sorted[0] - sorted[1] <= tol;
             if tie {
                 ties += 1;
-            } else if argmax(g) != argmax(w) {
+            } else if first_max(g) != first_max(w) {
                 mismatches += 1;
             }
         }

@@ -47,19 +47,8 @@ impl Llm {
                 state.candidates.len()
             );
         }
-        Ok(first_max(t))
+        Ok(decision_data::stats::first_max(t))
     }
-}
-
-/// Index of the first maximum (the convention of decision-train's picks and the worker's).
-pub fn first_max(p: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, &x) in p.iter().enumerate() {
-        if x > p[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 #[cfg(test)]
@@ -88,6 +77,5 @@ mod tests {
         let mut s = states[0].clone();
         s.teacher = None;
         assert!(llm.answer(&s).unwrap_err().to_string().contains(&s.id));
-        assert_eq!(first_max(&[0.2, 0.4, 0.4]), 1);
     }
 }

@@ -12,9 +12,10 @@ use decision_data::{
 };
 
 use crate::Thresholds;
-use crate::llm::{Llm, first_max};
+use crate::llm::Llm;
 use crate::mode::Mode;
 use crate::scorer::Cache;
+use decision_data::stats::first_max;
 
 /// The `split` written into the simulated states (they are nobody's training data).
 pub const SPLIT: &str = "test";

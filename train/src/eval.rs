@@ -193,7 +193,7 @@ pub fn flipped(
     if states.is_empty() || k == 0 {
         return Ok(vec![false; states.len()]);
     }
-    let pick = |s: &ScoredState| crate::metrics::argmax(&s.probs(1.0));
+    let pick = |s: &ScoredState| decision_data::stats::first_max(&s.probs(1.0));
     let original: Vec<usize> = score_states(dm, states, batch_size)?
         .iter()
         .map(pick)

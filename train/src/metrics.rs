@@ -8,6 +8,7 @@
 //! * ECE: 15 equal-width bins on the top-label confidence; `Σ_b (n_b / N) · |acc_b − conf_b|`.
 //!   Bin `b` holds confidences in `[b/15, (b+1)/15)`, the last bin also holds 1.0.
 
+use decision_data::stats::first_max;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -35,17 +36,6 @@ impl ScoredState {
         let z: Vec<f32> = self.logits.iter().map(|&x| x / t).collect();
         softmax(&z)
     }
-}
-
-/// Index of the largest probability (first one on ties).
-pub fn argmax(p: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, &x) in p.iter().enumerate() {
-        if x > p[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Summary metrics of a set of states.
@@ -120,7 +110,7 @@ pub fn metrics<'a>(
     let mut pairs = Vec::new();
     for s in states {
         let p = s.probs(temp(s));
-        let pick = argmax(&p);
+        let pick = first_max(&p);
         n += 1;
         correct += (pick == s.answer) as usize;
         nll += -p[s.answer].max(1e-12).ln();

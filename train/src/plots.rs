@@ -8,7 +8,8 @@ use std::path::Path;
 use anyhow::Result;
 
 use crate::calibration::Temperatures;
-use crate::metrics::{Bin, ECE_BINS, ScoredState, argmax, reliability};
+use crate::metrics::{Bin, ECE_BINS, ScoredState, reliability};
+use decision_data::stats::first_max;
 
 const W: f64 = 640.0;
 const H: f64 = 400.0;
@@ -263,7 +264,7 @@ pub(crate) fn write_run_plots(
             .iter()
             .map(|s| {
                 let p = s.probs(t(s));
-                let pick = argmax(&p);
+                let pick = first_max(&p);
                 (p[pick], pick == s.answer)
             })
             .collect();

@@ -11,7 +11,7 @@ use decision_data::{Receipt, ReceiptResult, Shadow, State, Validation};
 
 /// The receipt for `state` given the model's probabilities (aligned with its candidates).
 pub fn shadow_receipt(state: &State, probs: &[f64], model: &str, at: &str) -> Receipt {
-    let pick = crate::metrics::argmax(probs);
+    let pick = decision_data::stats::first_max(probs);
     Receipt {
         id: state.id.clone(),
         at: at.to_string(),

@@ -66,18 +66,6 @@ pub struct ServeOptions {
     /// `--point` / `DECISION_WORKER_POINT`: this point for every request, whatever the rules say.
     pub point: Option<String>,
 }
-
-fn argmax(p: &[f64]) -> usize {
-    // The first maximum, as decision-train's scores_from_logits picks.
-    p.iter()
-        .enumerate()
-        .fold(
-            (0, f64::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0
-}
-
 /// Decide one parsed request.
 pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
     let ids = req.ids();
@@ -149,7 +137,7 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
             };
         }
     };
-    let pick = argmax(&probs);
+    let pick = decision_data::stats::first_max(&probs);
     let escalated = match threshold {
         None => Some("no-threshold"),
         Some(t) if probs[pick] < t => Some("below-threshold"),
