@@ -51,7 +51,7 @@ enum Command {
     /// Run the shop's agent with the model deciding above its thresholds: success, delegation,
     /// cost per mode, on paired tasks; shadow / cascade receipts for `fit`
     Sim(decision_sim::SimArgs),
-    /// The whole job on synthetic data: generate, train, eval, fit, retrain on new rules, refit, export, verify
+    /// The whole job on synthetic data: generate, train, eval, fit, retrain on new rules, refit, export, verify, and the agent loop (sim) with each model
     Demo(demo::DemoArgs),
 }
 
