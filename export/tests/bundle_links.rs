@@ -1,31 +1,17 @@
 //! `bundle verify` refuses symbolic links, and `--force` never replaces what is not a bundle
 //! (issue 19).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use decision_export::verify::verify;
-use decision_export::{ExportOptions, Format, WeightDtype, run};
+use decision_export::{ExportOptions, run};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")
-}
+#[path = "support/options.rs"]
+mod support;
+use support::options;
 
 fn args(out: &Path) -> ExportOptions {
-    let mut a = <ExportOptions as clap::FromArgMatches>::from_arg_matches(
-        &<ExportOptions as clap::Args>::augment_args(clap::Command::new("export"))
-            .try_get_matches_from([
-                "export",
-                "--model",
-                fixtures().join("tiny").to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-            ])
-            .unwrap(),
-    )
-    .unwrap();
-    a.formats = vec![Format::Onnx];
-    a.dtype = Some(WeightDtype::F32);
-    a
+    options("tiny", out)
 }
 
 #[cfg(unix)]

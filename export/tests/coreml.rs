@@ -31,9 +31,9 @@ mod checkers;
 
 const TEMPERATURE: f32 = 1.7;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")
-}
+#[path = "support/options.rs"]
+mod support;
+use support::{fixtures, options};
 
 /// `tiny` (tied embeddings, 4 query / 2 key-value heads) or `gqa3` (untied, 6 / 2).
 fn graph(model: &str, dtype: DType) -> Graph {
@@ -490,19 +490,9 @@ use decision_export::{ExportOptions, Format, WeightDtype, run};
 
 fn export_args(out: &Path) -> ExportOptions {
     ExportOptions {
-        run: None,
-        model: Some(fixtures().join("tiny").display().to_string()),
-        adapter: None,
-        thresholds: None,
         formats: vec![Format::Onnx, Format::Coreml],
-        out: out.to_path_buf(),
         dtype: None,
-        opset: 18,
-        external_data: false,
-        check_data: None,
-        check_samples: 32,
-        force: false,
-        point_rules: Vec::new(),
+        ..options("tiny", out)
     }
 }
 

@@ -6,7 +6,7 @@
 //! must agree within the gate's tolerances: max |Δp| ≤ 1e-4 with f32 weights, ≤ 2e-3 with f16,
 //! and the same picks.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -18,9 +18,9 @@ use decision_export::parity::{Batch, Scorer, Scores, TractModel, compare};
 use decision_export::weights::{SafetensorsDir, WeightSource};
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")
-}
+#[path = "support/options.rs"]
+mod support;
+use support::{fixtures, options};
 
 fn expected() -> Value {
     let text = std::fs::read_to_string(fixtures().join("expected.json")).unwrap();
@@ -205,21 +205,7 @@ use decision_export::verify::verify;
 use decision_export::{ExportOptions, Format, WeightDtype, run, run_from};
 
 fn args(out: &Path) -> ExportOptions {
-    ExportOptions {
-        run: None,
-        model: Some(fixtures().join("tiny").display().to_string()),
-        adapter: None,
-        thresholds: None,
-        formats: vec![Format::Onnx],
-        out: out.to_path_buf(),
-        dtype: Some(WeightDtype::F32),
-        opset: 18,
-        external_data: false,
-        check_data: None,
-        check_samples: 32,
-        force: false,
-        point_rules: Vec::new(),
-    }
+    options("tiny", out)
 }
 
 fn manifest(bundle: &Path) -> Manifest {

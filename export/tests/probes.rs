@@ -2,34 +2,23 @@
 //! (`probes.json`) and holds it to the recorded answers: a bundle whose weights were rewritten
 //! fails even when its manifest's hashes and parity claims were rewritten to match.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use decision_export::onnx::{self, pb, read_model};
 use decision_export::samples::{PROBES_FILE, ProbeFile};
 use decision_export::verify::verify;
-use decision_export::{ExportOptions, Format, WeightDtype, run};
+use decision_export::{ExportOptions, run};
 use prost::Message;
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export")
-}
+#[path = "support/options.rs"]
+mod support;
+use support::options;
 
 fn export(out: &Path, external_data: bool) {
     run(&ExportOptions {
-        run: None,
-        model: Some(fixtures().join("tiny").display().to_string()),
-        adapter: None,
-        thresholds: None,
-        formats: vec![Format::Onnx],
-        out: out.to_path_buf(),
-        dtype: Some(WeightDtype::F32),
-        opset: 18,
         external_data,
-        check_data: None,
-        check_samples: 32,
-        force: false,
-        point_rules: Vec::new(),
+        ..options("tiny", out)
     })
     .unwrap();
 }
