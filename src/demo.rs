@@ -81,6 +81,13 @@ impl Step {
         self
     }
 
+    /// Append `flag path`, an output the step must leave behind.
+    fn writing(mut self, flag: &str, path: &Path) -> Step {
+        self.args.extend([flag.to_string(), s(path)]);
+        self.writes.push(path.to_path_buf());
+        self
+    }
+
     fn check_writes(&self) -> Result<()> {
         for w in &self.writes {
             if !w.exists() {
@@ -340,6 +347,22 @@ fn plan(args: &DemoArgs) -> Vec<Stage> {
         }
         st
     };
+    // The bundle `sim` scores (ONNX only, the harness's runtime; no thresholds: `sim` fits its own).
+    let sim_bundle = |name: &str, run: &str, out: &Path| {
+        step(
+            name,
+            &[
+                "export",
+                "--run",
+                run,
+                "--formats",
+                "onnx",
+                "--out",
+                &s(out),
+            ],
+            &[&out.join("manifest.json")],
+        )
+    };
     let sim_fit =
         |name: &str, receipts: &str, th: &str| fit(name, &p.sim.join(receipts), &p.sim.join(th));
     let receipts1 = o("receipts-v1.jsonl");
@@ -383,12 +406,8 @@ fn plan(args: &DemoArgs) -> Vec<Stage> {
         // on v2 test; 4. fit thresholds from the receipts.
         Stage::One(train1),
         Stage::Beside {
-            main: {
-                let mut e = eval("eval v1 on v1 test", &run1, &v1, "eval-v1-on-v1.json")
-                    .and(&["--receipts", &s(&receipts1)]);
-                e.writes.push(receipts1.clone());
-                e
-            },
+            main: eval("eval v1 on v1 test", &run1, &v1, "eval-v1-on-v1.json")
+                .writing("--receipts", &receipts1),
             chain: vec![eval("eval v1 on v2 test", &run1, &v2, "eval-v1-on-v2.json")],
             log: o("eval-v1-on-v2.log"),
         },
@@ -399,19 +418,7 @@ fn plan(args: &DemoArgs) -> Vec<Stage> {
         // 5. The v1 model as shipped, and the loop with it, beside the rule-change retrain:
         // shadow on fresh v1 tasks, fit, the modes side by side on new tasks; then v2 tasks with
         // its v1 thresholds, and with a refit from v2 shadow receipts.
-        Stage::One(step(
-            "export v1 bundle",
-            &[
-                "export",
-                "--run",
-                &run1,
-                "--formats",
-                "onnx",
-                "--out",
-                &s(&p.bundle1),
-            ],
-            &[&p.bundle1.join("manifest.json")],
-        )),
+        Stage::One(sim_bundle("export v1 bundle", &run1, &p.bundle1)),
         Stage::Beside {
             main: train2,
             chain: vec![
@@ -476,26 +483,11 @@ fn plan(args: &DemoArgs) -> Vec<Stage> {
         // 6. The retrained model: old vs new on v2 test with receipts; beside it, on v1 test,
         // and the loop with it on the same v2 tasks as the v1 model's (its model.onnx is the one
         // the shipped bundle gets); then the refit.
-        Stage::One(step(
-            "export v2 bundle",
-            &[
-                "export",
-                "--run",
-                &run2,
-                "--formats",
-                "onnx",
-                "--out",
-                &s(&p.bundle2),
-            ],
-            &[&p.bundle2.join("manifest.json")],
-        )),
+        Stage::One(sim_bundle("export v2 bundle", &run2, &p.bundle2)),
         Stage::Beside {
-            main: {
-                let mut e = eval("eval v2 vs v1 on v2 test", &run2, &v2, "eval-v2-on-v2.json")
-                    .and(&["--baseline", &run1, "--receipts", &s(&receipts2)]);
-                e.writes.push(receipts2.clone());
-                e
-            },
+            main: eval("eval v2 vs v1 on v2 test", &run2, &v2, "eval-v2-on-v2.json")
+                .and(&["--baseline", &run1])
+                .writing("--receipts", &receipts2),
             chain: vec![
                 eval("eval v2 on v1 test", &run2, &v1, "eval-v2-on-v1.json"),
                 sim(
