@@ -4,7 +4,7 @@
 //! [`Cache`] scores each distinct state once, however many modes or tasks meet it, and keeps the
 //! measured time per state so that a cached state still costs its own latency in the report.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -82,9 +82,10 @@ impl<'a> Cache<'a> {
     pub fn fill(&mut self, states: &[&State]) -> Result<()> {
         let mut todo: Vec<&State> = Vec::new();
         let mut keys: Vec<String> = Vec::new();
+        let mut queued: HashSet<String> = HashSet::new();
         for s in states {
             let k = key(s);
-            if self.map.contains_key(&k) || keys.contains(&k) {
+            if self.map.contains_key(&k) || !queued.insert(k.clone()) {
                 continue;
             }
             keys.push(k);
