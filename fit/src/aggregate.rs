@@ -1,7 +1,8 @@
 //! One streaming pass over the receipts: per decision point, counts that are all a fit needs.
 //! The state is plain sums, so shards (or threads) can aggregate separately and
 //! [`Aggregate::merge`] afterwards; the result does not depend on how the input was split
-//! (up to the order of floating-point additions in the confidence sums).
+//! (confidences are summed in fixed point, so not even on the order of the additions), and a
+//! record counted too early can be taken back exactly ([`PointAgg::add_facts`] with weight -1).
 //!
 //! Every valid record lands in exactly one category, checked in this order:
 //!
@@ -18,7 +19,8 @@
 
 use std::collections::BTreeMap;
 
-use decision_data::{OutcomeStatus, Receipt, ReceiptResult, Validation};
+use decision_data::receipts_io::{Facts, Tally};
+use decision_data::{OutcomeStatus, Receipt, Validation};
 use serde::Serialize;
 
 use crate::config::FitConfig;
@@ -81,11 +83,30 @@ pub struct BucketSums {
     /// Judged records and their successes.
     pub n: u64,
     pub success: u64,
-    /// Sum of the judged records' confidences (for the mean confidence and ECE).
-    pub confidence_sum: f64,
+    /// Sum of the judged records' confidences (for the mean confidence and ECE), in units of
+    /// 2^-64 ([`BucketSums::confidence_sum`] gives it as a number).
+    pub confidence_units: u128,
     /// Accepted picks, whatever followed (fallback, outcome or none): what the harness would
     /// have auto-accepted at a threshold at or below this bucket.
     pub accepted: u64,
+}
+
+impl BucketSums {
+    pub fn confidence_sum(&self) -> f64 {
+        self.confidence_units as f64 / UNIT
+    }
+}
+
+const UNIT: f64 = 18_446_744_073_709_551_616.0; // 2^64
+
+/// A confidence in [0, 1] in units of 2^-64, truncated (exact down to 2^-64).
+fn units(c: f64) -> u128 {
+    (c * UNIT) as u128
+}
+
+/// `x += w` for a weight of 1 or -1 (a take-back never goes below what was added).
+fn bump(x: &mut u64, w: i64) {
+    *x = x.wrapping_add_signed(w);
 }
 
 /// Counts above one fixed threshold (the previous file's, for the drift table).
@@ -127,67 +148,81 @@ impl PointAgg {
     }
 
     pub fn add(&mut self, r: &Receipt) {
+        self.add_facts(&Facts::of(r), 1);
+    }
+
+    /// Count one record (`w` = 1) or take one back (`w` = -1).
+    pub fn add_facts(&mut self, f: &Facts, w: i64) {
         let c = &mut self.counts;
-        c.valid += 1;
-        let (pick, confidence) = match &r.result {
-            ReceiptResult::Abstain => {
-                c.abstain += 1;
-                return;
-            }
-            ReceiptResult::Pick { id, confidence } => (id, *confidence),
+        bump(&mut c.valid, w);
+        let Some(confidence) = f.confidence else {
+            bump(&mut c.abstain, w);
+            return;
         };
-        match r.validation {
+        match f.validation {
             Validation::Accepted => {}
             reason => {
-                c.rejected += 1;
-                match reason {
-                    Validation::RejectedOutOfSet => c.rejected_out_of_set += 1,
-                    Validation::RejectedStale => c.rejected_stale += 1,
-                    Validation::RejectedExpired => c.rejected_expired += 1,
-                    Validation::RejectedUnauthorized => c.rejected_unauthorized += 1,
-                    Validation::Accepted => unreachable!(),
-                }
+                bump(&mut c.rejected, w);
+                bump(
+                    match reason {
+                        Validation::RejectedOutOfSet => &mut c.rejected_out_of_set,
+                        Validation::RejectedStale => &mut c.rejected_stale,
+                        Validation::RejectedExpired => &mut c.rejected_expired,
+                        Validation::RejectedUnauthorized => &mut c.rejected_unauthorized,
+                        Validation::Accepted => unreachable!(),
+                    },
+                    w,
+                );
                 return;
             }
         }
         let b = self.bucketing.index(confidence);
-        self.buckets[b].accepted += 1;
+        bump(&mut self.buckets[b].accepted, w);
         for cut in &mut self.cuts {
             if confidence >= cut.threshold {
-                cut.accepted += 1;
+                bump(&mut cut.accepted, w);
             }
         }
-        if r.fallback_used() {
-            c.fallback += 1;
+        if f.fallback_used {
+            bump(&mut c.fallback, w);
             return;
         }
-        let success = match (&r.shadow, r.outcome.as_ref().map(|o| o.status)) {
-            (Some(shadow), _) => Some(*pick == shadow.reference),
+        let success = match (f.shadow_match, f.outcome) {
+            (Some(matched), _) => Some(matched),
             (None, Some(OutcomeStatus::Success)) => Some(true),
             (None, Some(OutcomeStatus::Failure)) => Some(false),
             (None, Some(OutcomeStatus::Abandoned)) => {
-                c.abandoned += 1;
+                bump(&mut c.abandoned, w);
                 None
             }
-            (None, None) if r.observed_outcome.is_some() => {
-                c.unknown += 1;
+            (None, None) if f.observed => {
+                bump(&mut c.unknown, w);
                 None
             }
             (None, None) => {
-                c.pending += 1;
+                bump(&mut c.pending, w);
                 None
             }
         };
         if let Some(ok) = success {
-            c.judged += 1;
+            bump(&mut c.judged, w);
             let s = &mut self.buckets[b];
-            s.n += 1;
-            s.success += u64::from(ok);
-            s.confidence_sum += confidence;
+            bump(&mut s.n, w);
+            if ok {
+                bump(&mut s.success, w);
+            }
+            let u = units(confidence);
+            s.confidence_units = if w > 0 {
+                s.confidence_units.wrapping_add(u)
+            } else {
+                s.confidence_units.wrapping_sub(u)
+            };
             for cut in &mut self.cuts {
                 if confidence >= cut.threshold {
-                    cut.n += 1;
-                    cut.success += u64::from(ok);
+                    bump(&mut cut.n, w);
+                    if ok {
+                        bump(&mut cut.success, w);
+                    }
                 }
             }
         }
@@ -207,7 +242,7 @@ impl PointAgg {
         for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
             a.n += b.n;
             a.success += b.success;
-            a.confidence_sum += b.confidence_sum;
+            a.confidence_units += b.confidence_units;
             a.accepted += b.accepted;
         }
         for (a, b) in self.cuts.iter_mut().zip(&o.cuts) {
@@ -276,6 +311,14 @@ impl Aggregate {
         self.point_mut(&r.point).add(r);
     }
 
+    fn point_for(&mut self, name: &str) -> &mut PointAgg {
+        // one lookup on the common path (the point exists)
+        if self.points.contains_key(name) {
+            return self.points.get_mut(name).expect("present");
+        }
+        self.point_mut(name)
+    }
+
     pub fn add_bad(&mut self) {
         self.records += 1;
         self.bad += 1;
@@ -293,12 +336,33 @@ impl Aggregate {
     pub fn valid(&self) -> u64 {
         self.points.values().map(|p| p.counts.valid).sum()
     }
+
+    /// Drop the points that only records taken back had named (and the config does not): a
+    /// point appears in the output when a counted receipt or the config names it.
+    pub fn drop_unseen(&mut self) {
+        let config = &self.config;
+        self.points
+            .retain(|name, p| p.counts.valid > 0 || config.points.contains_key(name));
+    }
+}
+
+/// The parallel read's counting (`decision_data::receipts_io::scan_unique_receipts`): each
+/// piece of the input is aggregated on its own and merged in input order.
+impl Tally for Aggregate {
+    fn add(&mut self, point: &str, facts: &Facts, weight: i64) {
+        self.records = self.records.wrapping_add_signed(weight);
+        self.point_for(point).add_facts(facts, weight);
+    }
+
+    fn merge(&mut self, later: Self) {
+        Aggregate::merge(self, &later);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use decision_data::{Fallback, Outcome, Shadow};
+    use decision_data::{Fallback, Outcome, ReceiptResult, Shadow};
 
     fn pick(point: &str, c: f64) -> Receipt {
         Receipt {
@@ -401,7 +465,7 @@ mod tests {
             BucketSums {
                 n: 2,
                 success: 2,
-                confidence_sum: 0.95 + 0.99,
+                confidence_units: units(0.95) + units(0.99),
                 accepted: 4
             },
             "0.9 is an edge: bucket 9"
@@ -413,7 +477,7 @@ mod tests {
             BucketSums {
                 n: 1,
                 success: 0,
-                confidence_sum: 1.0,
+                confidence_units: units(1.0),
                 accepted: 1
             }
         );
@@ -446,5 +510,23 @@ mod tests {
             (cut.threshold, cut.n, cut.success, cut.accepted),
             (0.9, 2, 2, 4)
         );
+    }
+
+    #[test]
+    fn a_record_taken_back_leaves_exactly_what_never_counting_it_leaves() {
+        let cfg = FitConfig::parse("").unwrap();
+        let cuts: BTreeMap<String, Vec<f64>> = [("tool".to_string(), vec![0.5])].into();
+        let all = sample();
+        let mut without = Aggregate::new(&cfg, cuts.clone());
+        all.iter().skip(3).for_each(|r| without.add(r));
+        let mut with = Aggregate::new(&cfg, cuts);
+        for r in all.iter().rev() {
+            Tally::add(&mut with, &r.point, &Facts::of(r), 1);
+        }
+        for r in all.iter().take(3) {
+            Tally::add(&mut with, &r.point, &Facts::of(r), -1);
+        }
+        assert_eq!(with.points, without.points, "bit for bit, confidence sums included");
+        assert_eq!(with.records, without.records);
     }
 }

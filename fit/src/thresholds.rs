@@ -115,7 +115,7 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
     let ece = decision_data::calibration::expected_calibration_error(
         agg.buckets.iter().filter(|s| s.n > 0).map(|s| {
             let n = s.n as f64;
-            (s.n, s.success as f64 / n, s.confidence_sum / n)
+            (s.n, s.success as f64 / n, s.confidence_sum() / n)
         }),
     );
 
@@ -137,7 +137,7 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
                 },
                 policy,
             ),
-            mean_confidence: (s.n > 0).then(|| s.confidence_sum / s.n as f64),
+            mean_confidence: (s.n > 0).then(|| s.confidence_sum() / s.n as f64),
             accepted: s.accepted,
         })
         .collect();

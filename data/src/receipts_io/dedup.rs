@@ -13,7 +13,11 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::io::{Read, Seek, SeekFrom, Write};
+
+use anyhow::{Context, Result};
 
 use twox_hash::XxHash64;
 
@@ -142,6 +146,12 @@ fn encode_body(r: &Receipt, buf: &mut Vec<u8>) {
     put_opt(buf, r.observed_outcome.as_deref());
 }
 
+/// 32 bits of the hash of `r`'s body (`buf` is scratch space).
+fn body_hash(r: &Receipt, buf: &mut Vec<u8>) -> u32 {
+    encode_body(r, buf);
+    XxHash64::oneshot(1, buf) as u32
+}
+
 impl SeenIds {
     pub fn new() -> SeenIds {
         SeenIds::default()
@@ -149,8 +159,7 @@ impl SeenIds {
 
     /// Record `r`'s id; say whether it was seen before and, if so, with the same body.
     pub fn check(&mut self, r: &Receipt) -> Seen {
-        encode_body(r, &mut self.buf);
-        let body = XxHash64::oneshot(1, &self.buf) as u32;
+        let body = body_hash(r, &mut self.buf);
         match self.map.entry(id_key(&r.id)) {
             Entry::Vacant(e) => {
                 e.insert(body);
@@ -192,6 +201,168 @@ impl SeenIds {
             (cap * 8 / 7).next_power_of_two()
         };
         buckets * (std::mem::size_of::<(IdKey, u32)>() + 1) + 16
+    }
+}
+
+/// One valid record's place in the id check of a parallel read ([`SpilledIds`]): its id's and
+/// body's hashes (as [`SeenIds`] keeps them) and its position in the input, as
+/// `file index << 40 | row`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub(super) struct IdEntry {
+    id: [u32; 3],
+    body: u32,
+    pub seq: u64,
+}
+
+impl IdEntry {
+    pub fn of(r: &Receipt, seq: u64, buf: &mut Vec<u8>) -> IdEntry {
+        IdEntry {
+            id: id_key(&r.id).0,
+            body: body_hash(r, buf),
+            seq,
+        }
+    }
+
+    fn to_bytes(self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        for (k, w) in self.id.iter().chain([&self.body]).enumerate() {
+            b[4 * k..4 * k + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        b[16..].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> IdEntry {
+        let w = |k: usize| u32::from_le_bytes(b[4 * k..4 * k + 4].try_into().expect("4 bytes"));
+        IdEntry {
+            id: [w(0), w(1), w(2)],
+            body: w(3),
+            seq: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+        }
+    }
+}
+
+/// The id check of a read whose records are counted before it is known whether they repeat an
+/// earlier id (the parallel read of `decision fit`): every valid record's [`IdEntry`] goes into
+/// one of 256 partitions by its id's hash, each spilled to a temporary file in 96 KiB appends,
+/// so memory stays flat whatever the input; [`SpilledIds::finish`] then sorts one partition at
+/// a time and names every record that repeats an id read before it (input order decides which
+/// copy is first, as with [`SeenIds`]).
+pub(super) struct SpilledIds {
+    parts: Vec<Vec<IdEntry>>,
+    files: Vec<Option<File>>,
+    dir: Option<tempfile::TempDir>,
+    /// Entries held per partition before it is appended to its file.
+    per_part: usize,
+}
+
+const PARTS: usize = 256;
+
+impl SpilledIds {
+    pub fn new() -> SpilledIds {
+        SpilledIds::with_buffer(4096)
+    }
+
+    /// `per_part` entries in memory per partition (tests use a few, to spill).
+    pub fn with_buffer(per_part: usize) -> SpilledIds {
+        SpilledIds {
+            parts: vec![Vec::new(); PARTS],
+            files: (0..PARTS).map(|_| None).collect(),
+            dir: None,
+            per_part: per_part.max(1),
+        }
+    }
+
+    fn part(e: &IdEntry) -> usize {
+        (e.id[0] >> 24) as usize
+    }
+
+    pub fn push(&mut self, e: IdEntry) -> Result<()> {
+        let p = Self::part(&e);
+        self.parts[p].push(e);
+        if self.parts[p].len() >= self.per_part {
+            self.spill(p)?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self, p: usize) -> Result<()> {
+        if self.dir.is_none() {
+            self.dir = Some(
+                tempfile::Builder::new()
+                    .prefix("decision-fit-ids")
+                    .tempdir()
+                    .context("creating a temporary folder for the duplicate-id check (TMPDIR)")?,
+            );
+        }
+        let dir = self.dir.as_ref().expect("made above").path();
+        if self.files[p].is_none() {
+            let path = dir.join(format!("{p:03}.ids"));
+            let f = OpenOptions::new()
+                .create_new(true)
+                .read(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            self.files[p] = Some(f);
+        }
+        let mut bytes = Vec::with_capacity(self.parts[p].len() * 24);
+        for e in self.parts[p].drain(..) {
+            bytes.extend_from_slice(&e.to_bytes());
+        }
+        self.files[p]
+            .as_mut()
+            .expect("opened above")
+            .write_all(&bytes)
+            .context("writing the duplicate-id check's temporary file (is TMPDIR full?)")?;
+        Ok(())
+    }
+
+    /// Every record that repeats an earlier id, in input order: [`Seen::Duplicate`] when its
+    /// body is the first one's, [`Seen::Conflict`] when not. Partitions are sorted in parallel.
+    pub fn finish(self) -> Result<Vec<(u64, Seen)>> {
+        use rayon::prelude::*;
+        let SpilledIds {
+            parts, mut files, dir, ..
+        } = self;
+        let mut found: Vec<(u64, Seen)> = parts
+            .into_par_iter()
+            .zip(files.par_iter_mut())
+            .map(|(mut entries, file)| -> Result<Vec<(u64, Seen)>> {
+                if let Some(f) = file.take() {
+                    let mut f = f;
+                    f.seek(SeekFrom::Start(0))?;
+                    let mut bytes = Vec::new();
+                    f.read_to_end(&mut bytes)
+                        .context("reading back the duplicate-id check's temporary file")?;
+                    entries.extend(bytes.chunks_exact(24).map(IdEntry::from_bytes));
+                }
+                entries.sort_unstable_by_key(|e| (e.id, e.seq));
+                let mut out = Vec::new();
+                let mut first: Option<IdEntry> = None;
+                for e in entries {
+                    match first {
+                        Some(f) if f.id == e.id => out.push((
+                            e.seq,
+                            if f.body == e.body {
+                                Seen::Duplicate
+                            } else {
+                                Seen::Conflict
+                            },
+                        )),
+                        _ => first = Some(e),
+                    }
+                }
+                Ok(out)
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        drop(dir);
+        found.sort_unstable_by_key(|&(seq, _)| seq);
+        Ok(found)
     }
 }
 

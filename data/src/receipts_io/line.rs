@@ -474,3 +474,39 @@ fn keel_export(
 pub(super) fn bad(file: &Arc<PathBuf>, row: u64, e: FieldError, raw: &[u8]) -> BadRow {
     BadRow::from_line(file.clone(), row, raw.to_vec(), vec![e])
 }
+
+/// What one line of a JSON Lines file holds.
+pub(super) enum Line {
+    /// Empty or whitespace: not a record.
+    Blank,
+    /// The file's last line, without its newline and not even JSON: what a writer killed
+    /// mid-append leaves (decision-worker's log). Skipped, not a record.
+    Torn,
+    Good(Receipt, Shape),
+    Bad(FieldError),
+}
+
+/// Read line `row` (1-based, without its `\n`; `complete` when it had one). Returns the line's
+/// bytes as the quarantine keeps them (a first line's byte-order mark dropped) and what it holds.
+pub(super) fn eval_line<'a>(
+    line: &'a [u8],
+    row: u64,
+    complete: bool,
+    patterns: &OutcomePatterns,
+) -> (&'a [u8], Line) {
+    let line = match line.strip_prefix(crate::states_io::UTF8_BOM) {
+        Some(rest) if row == 1 => rest,
+        _ => line,
+    };
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return (line, Line::Blank);
+    }
+    if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(line).is_err() {
+        return (line, Line::Torn);
+    }
+    let item = match parse_line(line, patterns) {
+        Ok((r, shape)) => Line::Good(r, shape),
+        Err(e) => Line::Bad(e),
+    };
+    (line, item)
+}

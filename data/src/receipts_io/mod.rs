@@ -17,6 +17,7 @@ mod line;
 mod outcome;
 mod parquet_io;
 mod rules;
+mod scan;
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,6 +30,7 @@ use sha2::{Digest, Sha256};
 pub use dedup::{Seen, SeenIds};
 pub use line::{keel_stage_to_point, keel_validation};
 pub use outcome::OutcomePatterns;
+pub use scan::{Facts, Input, Tally, scan_unique_receipts};
 pub use parquet_io::{
     ReceiptParquetWriter, parquet_layout, receipt_schema, write_receipts_parquet,
 };
@@ -172,27 +174,20 @@ fn read_all(
                     if complete {
                         buf.pop();
                     }
-                    if row == 1 {
-                        crate::states_io::strip_bom(&mut buf);
-                    }
-                    if buf.iter().all(u8::is_ascii_whitespace) {
-                        continue;
-                    }
-                    // A last line without its newline that is not even JSON is what a writer
-                    // killed mid-append leaves (decision-worker's log): skip it, and say so.
-                    if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_err() {
-                        s.torn += 1;
-                        eprintln!(
-                            "warning: {}: row {row}: skipped a torn last line ({} bytes, no newline, \
-                             not JSON): the writer was interrupted",
-                            path.display(),
-                            buf.len()
-                        );
-                        continue;
-                    }
-                    s.records += 1;
-                    match line::parse_line(&buf, &opts.outcome) {
-                        Ok((r, shape)) => {
+                    let (raw, item) = line::eval_line(&buf, row, complete, &opts.outcome);
+                    match item {
+                        line::Line::Blank => {}
+                        line::Line::Torn => {
+                            s.torn += 1;
+                            eprintln!(
+                                "warning: {}: row {row}: skipped a torn last line ({} bytes, no \
+                                 newline, not JSON): the writer was interrupted",
+                                path.display(),
+                                raw.len()
+                            );
+                        }
+                        line::Line::Good(r, shape) => {
+                            s.records += 1;
                             match seen.as_deref_mut().map_or(Seen::New, |d| d.check(&r)) {
                                 Seen::New => {
                                     match shape {
@@ -207,16 +202,17 @@ fn read_all(
                                     let b = BadRow::from_line(
                                         shared.clone(),
                                         row,
-                                        buf.clone(),
+                                        raw.to_vec(),
                                         vec![dedup::conflict_error(&r)],
                                     );
                                     f(Err(&b))?;
                                 }
                             }
                         }
-                        Err(e) => {
+                        line::Line::Bad(e) => {
+                            s.records += 1;
                             s.bad += 1;
-                            f(Err(&line::bad(&shared, row, e, &buf)))?;
+                            f(Err(&line::bad(&shared, row, e, raw)))?;
                         }
                     }
                     if row.is_multiple_of(4096) {

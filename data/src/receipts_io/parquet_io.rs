@@ -28,7 +28,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use chrono::{DateTime, SecondsFormat};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde_json::{Map, Value, json};
@@ -684,6 +684,111 @@ pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     ))
 }
 
+/// A receipts Parquet file checked and opened for reading one row group at a time (from any
+/// thread): its footer, the projection of the receipt columns, and where each row group starts.
+pub(super) struct ParquetPlan {
+    metadata: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    /// Per row group: the 0-based index of its first row in the file, its rows, its compressed
+    /// bytes.
+    pub row_groups: Vec<(u64, u64, u64)>,
+}
+
+impl ParquetPlan {
+    /// Check the footer, the required columns and every page header (see `parquet_pages`).
+    pub fn open(path: &Path) -> Result<ParquetPlan> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let metadata = guard_parquet(|| ArrowReaderMetadata::load(&file, Default::default()))
+            .and_then(|r| Ok(r?))
+            .with_context(|| format!("reading {} as Parquet", path.display()))?;
+        let arrow_schema = metadata.schema().clone();
+        for name in REQUIRED {
+            if arrow_schema.field_with_name(name).is_err() {
+                bail!(
+                    "{}: column `{name}` is missing (a receipts file needs {})",
+                    path.display(),
+                    REQUIRED.join(", ")
+                );
+            }
+        }
+        let roots: Vec<usize> = arrow_schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| COLUMNS.contains(&f.name().as_str()))
+            .map(|(i, _)| i)
+            .collect();
+        let mask = ProjectionMask::roots(metadata.parquet_schema(), roots);
+        let md = metadata.metadata();
+        crate::parquet_pages::check_pages(&file, md, None)
+            .with_context(|| format!("reading {} as Parquet", path.display()))?;
+        let mut first = 0u64;
+        let row_groups = md
+            .row_groups()
+            .iter()
+            .map(|g| {
+                let rows = g.num_rows().max(0) as u64;
+                let at = first;
+                first += rows;
+                (at, rows, g.compressed_size().max(0) as u64)
+            })
+            .collect();
+        Ok(ParquetPlan {
+            metadata,
+            mask,
+            row_groups,
+        })
+    }
+
+    /// The rows the footer claims (a claim: a corrupt footer may say anything).
+    pub fn claimed_rows(&self) -> u64 {
+        self.metadata.metadata().file_metadata().num_rows().max(0) as u64
+    }
+
+    /// Read row group `rg` of `path`, whose rows follow `before` others, calling `f` for each
+    /// row in order with its 1-based row number in the file, the receipt (through the one rule set, [`Flat::fill`]) or the first
+    /// bad field, and a way to get the row's bytes as the quarantine keeps them.
+    pub fn visit_row_group(
+        &self,
+        path: &Path,
+        rg: usize,
+        before: u64,
+        patterns: &OutcomePatterns,
+        f: &mut dyn FnMut(u64, Result<&Receipt, FieldError>, &dyn Fn() -> Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
+                .with_projection(self.mask.clone())
+                .with_row_groups(vec![rg])
+                .with_batch_size(BATCH_ROWS);
+        let mut reader = guard_parquet(|| builder.build())
+            .and_then(|r| Ok(r?))
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut row = before;
+        let mut r = empty_receipt();
+        let mut at_buf = String::new();
+        while let Some(batch) = guard_parquet(|| reader.next())
+            .with_context(|| format!("reading {}", path.display()))?
+        {
+            let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+            let cols = Cols::new(&batch, path)?;
+            for i in 0..batch.num_rows() {
+                row += 1;
+                let raw = || cols.raw_row(i);
+                match fill(&cols, i, &mut r, &mut at_buf, patterns) {
+                    Ok(()) => f(row, Ok(&r), &raw)?,
+                    Err(e) => {
+                        f(row, Err(e), &raw)?;
+                        r = empty_receipt();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What [`read_parquet`] counted.
 pub(super) struct ParquetRead {
     /// Rows read, duplicates included.
@@ -704,84 +809,47 @@ pub(super) fn read_parquet(
     f: &mut dyn FnMut(Result<&Receipt, &BadRow>) -> Result<()>,
 ) -> Result<ParquetRead> {
     let shared_path = Arc::new(path.to_path_buf());
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let builder = guard_parquet(|| ParquetRecordBatchReaderBuilder::try_new(file))
-        .and_then(|r| Ok(r?))
-        .with_context(|| format!("reading {} as Parquet", path.display()))?;
-    let arrow_schema = builder.schema().clone();
-    for name in REQUIRED {
-        if arrow_schema.field_with_name(name).is_err() {
-            bail!(
-                "{}: column `{name}` is missing (a receipts file needs {})",
-                path.display(),
-                REQUIRED.join(", ")
-            );
-        }
-    }
-    let roots: Vec<usize> = arrow_schema
-        .fields()
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| COLUMNS.contains(&f.name().as_str()))
-        .map(|(i, _)| i)
-        .collect();
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let md = builder.metadata().clone();
-    let pages = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    crate::parquet_pages::check_pages(&pages, &md, None)
-        .with_context(|| format!("reading {} as Parquet", path.display()))?;
-    let mut row: u64 = 0;
+    let file_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let plan = ParquetPlan::open(path)?;
     // The footer's row count is the file's claim, not a fact: a corrupt one claiming 2^40 rows
     // asked for a 37 TB table (found with `decision-fuzz receipts-parquet`). No more than one id
     // per byte of the file is reserved up front; the table grows past that if it must.
     if let Some(s) = seen.as_deref_mut() {
-        let claimed = md.file_metadata().num_rows().max(0) as u64;
-        s.reserve_first(claimed.min(file_len) as usize);
+        s.reserve_first(plan.claimed_rows().min(file_len) as usize);
     }
-    let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
-    let mut reader = guard_parquet(|| builder.build())
-        .and_then(|r| Ok(r?))
-        .with_context(|| format!("reading {}", path.display()))?;
-    let mut r = empty_receipt();
-    let mut at_buf = String::new();
     let mut n = ParquetRead {
         rows: 0,
         bad: 0,
         duplicates: 0,
     };
-    while let Some(batch) =
-        guard_parquet(|| reader.next()).with_context(|| format!("reading {}", path.display()))?
-    {
-        let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-        let cols = Cols::new(&batch, path)?;
-        for i in 0..batch.num_rows() {
-            row += 1;
+    for rg in 0..plan.row_groups.len() {
+        let before = n.rows;
+        plan.visit_row_group(path, rg, before, patterns, &mut |row, item, raw| {
             n.rows += 1;
-            match fill(&cols, i, &mut r, &mut at_buf, patterns) {
-                Ok(()) => match seen.as_deref_mut().map_or(Seen::New, |s| s.check(&r)) {
-                    Seen::New => f(Ok(&r))?,
+            match item {
+                Ok(r) => match seen.as_deref_mut().map_or(Seen::New, |s| s.check(r)) {
+                    Seen::New => f(Ok(r))?,
                     Seen::Duplicate => n.duplicates += 1,
                     Seen::Conflict => {
                         n.bad += 1;
                         let b = BadRow::from_line(
                             shared_path.clone(),
                             row,
-                            cols.raw_row(i),
-                            vec![conflict_error(&r)],
+                            raw(),
+                            vec![conflict_error(r)],
                         );
                         f(Err(&b))?;
                     }
                 },
                 Err(e) => {
                     n.bad += 1;
-                    let b = BadRow::from_line(shared_path.clone(), row, cols.raw_row(i), vec![e]);
+                    let b = BadRow::from_line(shared_path.clone(), row, raw(), vec![e]);
                     f(Err(&b))?;
-                    r = empty_receipt();
                 }
             }
-        }
-        progress(batch.num_rows() as u64);
+            Ok(())
+        })?;
+        progress(n.rows - before);
     }
     Ok(n)
 }

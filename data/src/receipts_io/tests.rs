@@ -632,3 +632,110 @@ fn a_negative_column_length_is_an_error_not_a_panic() {
         "{e}"
     );
 }
+
+/// Counts a scan's receipts by point and facts (weights summed), so that two reads can be
+/// compared receipt by receipt.
+#[derive(Default)]
+struct Multiset(std::collections::BTreeMap<String, i64>);
+
+impl Tally for Multiset {
+    fn add(&mut self, point: &str, facts: &Facts, weight: i64) {
+        *self.0.entry(format!("{point} {facts:?}")).or_default() += weight;
+    }
+    fn merge(&mut self, later: Self) {
+        for (k, v) in later.0 {
+            *self.0.entry(k).or_default() += v;
+        }
+    }
+}
+
+impl Multiset {
+    fn nonzero(self) -> std::collections::BTreeMap<String, i64> {
+        self.0.into_iter().filter(|(_, v)| *v != 0).collect()
+    }
+}
+
+/// The parallel scan of `decision fit` against the sequential read: the same unique receipts,
+/// the same counts and hash, the same bad records (those met while reading in input order, then
+/// the conflicting repeats), whatever the pieces (lines of a few hundred bytes, row groups of
+/// three rows), the threads and the spilling of the id check.
+#[test]
+fn the_parallel_scan_counts_what_the_sequential_read_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mixed = dir.path().join("mixed.jsonl");
+    fs::write(&mixed, MIXED).unwrap();
+    // the same records again: duplicates, but c1 and k2 changed (conflicts) and a torn last line
+    let again = dir.path().join("again.jsonl");
+    let changed = MIXED
+        .replace("\"confidence\":0.93", "\"confidence\":0.94")
+        .replace("\"fallback\":\"selector abstained\"", "\"fallback\":\"other\"");
+    fs::write(&again, format!("{changed}{{\"id\":\"torn")).unwrap();
+    // the sample as Parquet in row groups of three rows, given twice
+    let whole = dir.path().join("whole.parquet");
+    write_receipts_parquet(&whole, &sample()).unwrap();
+    let batch = parquet_batch(&whole);
+    let grouped = dir.path().join("grouped.parquet");
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(3))
+        .build();
+    let f = fs::File::create(&grouped).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let paths = vec![mixed, grouped.clone(), again, grouped];
+    let opts = ReadOptions {
+        outcome: patterns(),
+        progress: false,
+    };
+
+    let mut want = Multiset::default();
+    let mut want_bad: Vec<(String, u64, String)> = Vec::new();
+    let mut conflicts = Vec::new();
+    let want_s = for_each_unique_receipt(&paths, &opts, |item| {
+        match item {
+            Ok(r) => want.add(&r.point, &Facts::of(r), 1),
+            Err(b) => {
+                let key = (b.file.display().to_string(), b.row, b.errors[0].field.clone());
+                if b.errors[0].reason.contains("different body") {
+                    conflicts.push(key);
+                } else {
+                    want_bad.push(key);
+                }
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert!(want_s.duplicates > 10 && conflicts.len() == 2, "{want_s:?} {conflicts:?}");
+    assert_eq!(want_s.torn, 1);
+    want_bad.extend(conflicts);
+    let want = want.nonzero();
+
+    let inputs: Vec<Input> = paths.iter().cloned().map(Input::local).collect();
+    for (threads, per_part, line_bytes) in [(1, 4096, 4 << 20), (3, 1, 300), (2, 2, 1)] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut got_bad = Vec::new();
+        let (got, s) = pool
+            .install(|| {
+                scan::scan_with(
+                    &inputs,
+                    &opts,
+                    &Multiset::default,
+                    &mut |b| {
+                        got_bad.push((b.file.display().to_string(), b.row, b.errors[0].field.clone()));
+                        Ok(())
+                    },
+                    dedup::SpilledIds::with_buffer(per_part),
+                    line_bytes,
+                )
+            })
+            .unwrap();
+        let case = format!("{threads} threads, {per_part} ids per partition, {line_bytes} B pieces");
+        assert_eq!(got.nonzero(), want, "{case}");
+        assert_eq!(s, want_s, "{case}");
+        assert_eq!(got_bad, want_bad, "{case}");
+    }
+}

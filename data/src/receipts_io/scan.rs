@@ -1,0 +1,503 @@
+//! The parallel read behind `decision fit`: every row group of every Parquet file, and every
+//! few MiB of whole lines of a JSON Lines file, is a piece of work for a thread of its own. Each
+//! piece reads its rows through the same rules as [`super::for_each_receipt`] (Parquet rows
+//! through `Flat::fill`, lines through `line::parse_line`), counts its valid receipts into a
+//! [`Tally`] of its own and keeps its bad rows; pieces finish in input order, in waves of a few
+//! per thread, so memory is bounded by the pieces in flight, never by the input.
+//!
+//! Each receipt id counts once, as in [`super::for_each_unique_receipt`], but that is settled
+//! at the end: every valid receipt's [`IdEntry`] goes into the spilled check of `dedup.rs`
+//! while it is counted; once the input is read, the check names the records that repeat an id
+//! read before them, and those are read again and taken back out of the tally (weight -1). A
+//! repeat with the same body is a duplicate; one with another body is a bad record, reported
+//! (file, row, field `id`) after the bad records met during the read.
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use super::dedup::{IdEntry, Seen, SpilledIds, conflict_error};
+use super::line::{Line, eval_line};
+use super::parquet_io::ParquetPlan;
+use super::{ReadOptions, ReadSummary, Shape, hex_lower};
+use crate::states_io::{BadRow, Format};
+use crate::{OutcomeStatus, Receipt, ReceiptResult, Validation};
+
+/// What counting a receipt needs of it (the categories of `decision_fit::aggregate`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Facts {
+    /// The pick's confidence; `None` for an abstention.
+    pub confidence: Option<f64>,
+    pub validation: Validation,
+    pub fallback_used: bool,
+    /// With a shadow reference: whether the pick equals it.
+    pub shadow_match: Option<bool>,
+    pub outcome: Option<OutcomeStatus>,
+    /// A free-text outcome was recorded (whether or not a pattern recognised it).
+    pub observed: bool,
+}
+
+impl Facts {
+    pub fn of(r: &Receipt) -> Facts {
+        let pick = match &r.result {
+            ReceiptResult::Pick { id, confidence } => Some((id.as_str(), *confidence)),
+            ReceiptResult::Abstain => None,
+        };
+        Facts {
+            confidence: pick.map(|(_, c)| c),
+            validation: r.validation,
+            fallback_used: r.fallback_used(),
+            shadow_match: r
+                .shadow
+                .as_ref()
+                .map(|s| pick.is_some_and(|(id, _)| id == s.reference)),
+            outcome: r.outcome.as_ref().map(|o| o.status),
+            observed: r.observed_outcome.is_some(),
+        }
+    }
+}
+
+/// Counts kept per piece of work and merged in input order.
+pub trait Tally: Send + Sized {
+    /// Count one valid receipt of decision point `point` (`weight` 1), or take one back (-1: a
+    /// repeated id found once the whole input was read).
+    fn add(&mut self, point: &str, facts: &Facts, weight: i64);
+    /// Fold in the tally of a later piece.
+    fn merge(&mut self, later: Self);
+}
+
+/// One input of a scan: the local file read, and the name it is reported under (the same path,
+/// or the URL of an object that was fetched into a temporary file).
+#[derive(Debug, Clone)]
+pub struct Input {
+    pub path: PathBuf,
+    pub name: PathBuf,
+}
+
+impl Input {
+    pub fn local(path: PathBuf) -> Input {
+        Input {
+            name: path.clone(),
+            path,
+        }
+    }
+}
+
+/// Whole lines per JSON Lines piece of work, about.
+const LINES_BYTES: usize = 4 << 20;
+
+/// `file index << 40 | row`: a record's place in the input (the id check's order).
+fn seq(file: usize, row: u64) -> u64 {
+    ((file as u64) << 40) | row
+}
+
+enum Work {
+    RowGroup { file: usize, rg: usize },
+    Lines { file: usize, before: u64, data: Vec<u8> },
+}
+
+struct Piece<T> {
+    tally: T,
+    bad: Vec<BadRow>,
+    ids: Vec<IdEntry>,
+    records: u64,
+    torn: u64,
+    by_shape: [u64; 3],
+    bytes: u64,
+}
+
+fn shape_index(s: Shape) -> usize {
+    match s {
+        Shape::Contract => 0,
+        Shape::Keel => 1,
+        Shape::Parquet => 2,
+    }
+}
+
+/// Reads a JSON Lines file in pieces of whole lines.
+struct LinePieces {
+    rd: BufReader<File>,
+    rows: u64,
+    done: bool,
+    bytes: usize,
+}
+
+impl LinePieces {
+    fn open(path: &std::path::Path, bytes: usize) -> Result<LinePieces> {
+        let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        Ok(LinePieces {
+            rd: BufReader::with_capacity(1 << 20, f),
+            rows: 0,
+            done: false,
+            bytes,
+        })
+    }
+
+    /// The next piece and the rows before it; `None` at the end.
+    fn next(&mut self, path: &std::path::Path) -> Result<Option<(u64, Vec<u8>)>> {
+        if self.done {
+            return Ok(None);
+        }
+        let before = self.rows;
+        let mut data = Vec::with_capacity(self.bytes + 4096);
+        while data.len() < self.bytes {
+            let n = self
+                .rd
+                .read_until(b'\n', &mut data)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                self.done = true;
+                break;
+            }
+            self.rows += 1;
+        }
+        Ok((!data.is_empty()).then_some((before, data)))
+    }
+}
+
+/// Call `f` for each line of `data` (whole lines; the last may lack its newline only at the end
+/// of the file) with its row number, after `before` rows.
+fn visit_lines(
+    data: &[u8],
+    before: u64,
+    opts: &ReadOptions,
+    f: &mut dyn FnMut(u64, Line, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut row = before;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let (line, complete, next) = match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => (&rest[..i], true, &rest[i + 1..]),
+            None => (rest, false, &rest[rest.len()..]),
+        };
+        rest = next;
+        row += 1;
+        let (line_bytes, item) = eval_line(line, row, complete, &opts.outcome);
+        f(row, item, line_bytes)?;
+    }
+    Ok(())
+}
+
+struct Plans {
+    parquet: Vec<Option<ParquetPlan>>,
+}
+
+fn run<T: Tally>(
+    w: Work,
+    inputs: &[Input],
+    names: &[Arc<PathBuf>],
+    plans: &Plans,
+    opts: &ReadOptions,
+    new: &(dyn Fn() -> T + Sync),
+) -> Result<Piece<T>> {
+    let mut p = Piece {
+        tally: new(),
+        bad: Vec::new(),
+        ids: Vec::new(),
+        records: 0,
+        torn: 0,
+        by_shape: [0; 3],
+        bytes: 0,
+    };
+    let mut buf = Vec::new();
+    match w {
+        Work::RowGroup { file, rg } => {
+            let plan = plans.parquet[file].as_ref().expect("planned");
+            let (before, rows, bytes) = plan.row_groups[rg];
+            p.bytes = bytes;
+            p.ids.reserve(rows.min(1 << 20) as usize);
+            plan.visit_row_group(
+                &inputs[file].path,
+                rg,
+                before,
+                &opts.outcome,
+                &mut |row, item, raw| {
+                    p.records += 1;
+                    match item {
+                        Ok(r) => {
+                            p.by_shape[shape_index(Shape::Parquet)] += 1;
+                            p.tally.add(&r.point, &Facts::of(r), 1);
+                            p.ids.push(IdEntry::of(r, seq(file, row), &mut buf));
+                        }
+                        Err(e) => p
+                            .bad
+                            .push(BadRow::from_line(names[file].clone(), row, raw(), vec![e])),
+                    }
+                    Ok(())
+                },
+            )
+            .with_context(|| in_name(&inputs[file]))?;
+        }
+        Work::Lines { file, before, data } => {
+            p.bytes = data.len() as u64;
+            visit_lines(&data, before, opts, &mut |row, item, raw| {
+                match item {
+                    Line::Blank => {}
+                    Line::Torn => {
+                        p.torn += 1;
+                        eprintln!(
+                            "warning: {}: row {row}: skipped a torn last line ({} bytes, no newline, \
+                             not JSON): the writer was interrupted",
+                            names[file].display(),
+                            raw.len()
+                        );
+                    }
+                    Line::Good(r, shape) => {
+                        p.records += 1;
+                        p.by_shape[shape_index(shape)] += 1;
+                        p.tally.add(&r.point, &Facts::of(&r), 1);
+                        p.ids.push(IdEntry::of(&r, seq(file, row), &mut buf));
+                    }
+                    Line::Bad(e) => {
+                        p.records += 1;
+                        p.bad.push(BadRow::from_line(
+                            names[file].clone(),
+                            row,
+                            raw.to_vec(),
+                            vec![e],
+                        ));
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+    Ok(p)
+}
+
+/// "reading <name>" when the file read is a fetched copy of `name`, for errors that name the copy.
+fn in_name(input: &Input) -> String {
+    if input.name == input.path {
+        format!("reading {}", input.path.display())
+    } else {
+        format!("reading {} (fetched to {})", input.name.display(), input.path.display())
+    }
+}
+
+/// Read every input once, in parallel, counting each valid receipt (each id once) into a tally
+/// made by `new`; `bad` gets every bad record (file, row, field, bytes): those met while
+/// reading in input order, then the repeated ids with another body. The tally merges pieces in
+/// input order, so the result does not depend on the number of threads (rayon's pool:
+/// `RAYON_NUM_THREADS` sets it).
+pub fn scan_unique_receipts<T: Tally>(
+    inputs: &[Input],
+    opts: &ReadOptions,
+    new: &(dyn Fn() -> T + Sync),
+    bad: &mut dyn FnMut(&BadRow) -> Result<()>,
+) -> Result<(T, ReadSummary)> {
+    scan_with(inputs, opts, new, bad, SpilledIds::new(), LINES_BYTES)
+}
+
+pub(super) fn scan_with<T: Tally>(
+    inputs: &[Input],
+    opts: &ReadOptions,
+    new: &(dyn Fn() -> T + Sync),
+    bad: &mut dyn FnMut(&BadRow) -> Result<()>,
+    mut ids: SpilledIds,
+    line_bytes: usize,
+) -> Result<(T, ReadSummary)> {
+    let names: Vec<Arc<PathBuf>> = inputs.iter().map(|i| Arc::new(i.name.clone())).collect();
+    let mut plans = Plans {
+        parquet: Vec::with_capacity(inputs.len()),
+    };
+    let mut formats = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let format = Format::from_path(&input.path).with_context(|| in_name(input))?;
+        plans.parquet.push(match format {
+            Format::Parquet => Some(ParquetPlan::open(&input.path).with_context(|| in_name(input))?),
+            Format::Jsonl => None,
+        });
+        formats.push(format);
+    }
+    let total: u64 = inputs
+        .iter()
+        .map(|i| fs::metadata(&i.path).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let pb = if opts.progress {
+        crate::progress::bar(Some(total), "bytes")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut s = ReadSummary {
+        files: inputs.iter().map(|i| i.name.clone()).collect(),
+        ..ReadSummary::default()
+    };
+    let wave = 2 * rayon::current_num_threads().max(1);
+
+    std::thread::scope(|scope| -> Result<(T, ReadSummary)> {
+        // The inputs' SHA-256, on a thread of its own while the pieces are read.
+        let hashing = scope.spawn(|| -> Result<String> {
+            let mut hash = Sha256::new();
+            for i in inputs {
+                let mut f = File::open(&i.path).with_context(|| in_name(i))?;
+                std::io::copy(&mut f, &mut hash).with_context(|| in_name(i))?;
+            }
+            Ok(hex_lower(&hash.finalize()))
+        });
+
+        let mut tally = new();
+        let mut by_shape = [0u64; 3];
+        let mut pending: Vec<Work> = Vec::with_capacity(wave);
+        let mut flush = |pending: &mut Vec<Work>,
+                         tally: &mut T,
+                         s: &mut ReadSummary,
+                         by_shape: &mut [u64; 3]|
+         -> Result<()> {
+            let pieces: Vec<Result<Piece<T>>> = pending
+                .drain(..)
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|w| run(w, inputs, &names, &plans, opts, new))
+                .collect();
+            for p in pieces {
+                let p = p?;
+                tally.merge(p.tally);
+                s.records += p.records;
+                s.torn += p.torn;
+                s.bad += p.bad.len() as u64;
+                for (a, b) in by_shape.iter_mut().zip(p.by_shape) {
+                    *a += b;
+                }
+                for b in &p.bad {
+                    bad(b)?;
+                }
+                for e in p.ids {
+                    ids.push(e)?;
+                }
+                pb.inc(p.bytes);
+            }
+            Ok(())
+        };
+        for (file, input) in inputs.iter().enumerate() {
+            match formats[file] {
+                Format::Parquet => {
+                    let n = plans.parquet[file].as_ref().expect("planned").row_groups.len();
+                    for rg in 0..n {
+                        pending.push(Work::RowGroup { file, rg });
+                        if pending.len() >= wave {
+                            flush(&mut pending, &mut tally, &mut s, &mut by_shape)?;
+                        }
+                    }
+                }
+                Format::Jsonl => {
+                    let mut pieces =
+                        LinePieces::open(&input.path, line_bytes).with_context(|| in_name(input))?;
+                    while let Some((before, data)) = pieces.next(&input.path)? {
+                        pending.push(Work::Lines { file, before, data });
+                        if pending.len() >= wave {
+                            flush(&mut pending, &mut tally, &mut s, &mut by_shape)?;
+                        }
+                    }
+                }
+            }
+        }
+        flush(&mut pending, &mut tally, &mut s, &mut by_shape)?;
+
+        let repeats = ids.finish()?;
+        take_back(
+            &repeats, inputs, &names, &plans, &formats, opts, &mut tally, &mut s, &mut by_shape,
+            bad, line_bytes,
+        )?;
+        [s.contract, s.keel, s.parquet] = by_shape;
+        pb.finish_and_clear();
+        s.sha256 = hashing.join().expect("the hashing thread does not panic")?;
+        Ok((tally, s))
+    })
+}
+
+/// Read the repeated records again and take them out of the tally: a duplicate is counted in
+/// `duplicates`, a conflict is a bad record (reported through `bad`).
+#[allow(clippy::too_many_arguments)]
+fn take_back<T: Tally>(
+    repeats: &[(u64, Seen)],
+    inputs: &[Input],
+    names: &[Arc<PathBuf>],
+    plans: &Plans,
+    formats: &[Format],
+    opts: &ReadOptions,
+    tally: &mut T,
+    s: &mut ReadSummary,
+    by_shape: &mut [u64; 3],
+    bad: &mut dyn FnMut(&BadRow) -> Result<()>,
+    line_bytes: usize,
+) -> Result<()> {
+    let mut k = 0;
+    while k < repeats.len() {
+        let file = (repeats[k].0 >> 40) as usize;
+        let end = k + repeats[k..]
+            .iter()
+            .take_while(|(q, _)| (q >> 40) as usize == file)
+            .count();
+        let here = &repeats[k..end];
+        k = end;
+        let row_of = |q: u64| q & ((1 << 40) - 1);
+        let kind_at = |row: u64| {
+            here.binary_search_by_key(&row, |&(q, _)| row_of(q))
+                .ok()
+                .map(|i| here[i].1)
+        };
+        let mut take = |row: u64, r: &Receipt, shape: Shape, raw: &dyn Fn() -> Vec<u8>| -> Result<()> {
+            let Some(kind) = kind_at(row) else {
+                return Ok(());
+            };
+            tally.add(&r.point, &Facts::of(r), -1);
+            by_shape[shape_index(shape)] -= 1;
+            match kind {
+                Seen::Duplicate => s.duplicates += 1,
+                _ => {
+                    s.bad += 1;
+                    bad(&BadRow::from_line(
+                        names[file].clone(),
+                        row,
+                        raw(),
+                        vec![conflict_error(r)],
+                    ))?;
+                }
+            }
+            Ok(())
+        };
+        let input = &inputs[file];
+        match formats[file] {
+            Format::Parquet => {
+                let plan = plans.parquet[file].as_ref().expect("planned");
+                for (rg, &(before, rows, _)) in plan.row_groups.iter().enumerate() {
+                    let touched = here
+                        .iter()
+                        .any(|&(q, _)| (before + 1..=before + rows).contains(&row_of(q)));
+                    if !touched {
+                        continue;
+                    }
+                    plan.visit_row_group(&input.path, rg, before, &opts.outcome, &mut |row, item, raw| {
+                        if let Ok(r) = item {
+                            take(row, r, Shape::Parquet, raw)?;
+                        }
+                        Ok(())
+                    })
+                    .with_context(|| in_name(input))?;
+                }
+            }
+            Format::Jsonl => {
+                let mut pieces =
+                    LinePieces::open(&input.path, line_bytes).with_context(|| in_name(input))?;
+                let last = row_of(here[here.len() - 1].0);
+                while let Some((before, data)) = pieces.next(&input.path)? {
+                    if before >= last {
+                        break;
+                    }
+                    visit_lines(&data, before, opts, &mut |row, item, raw| {
+                        if let Line::Good(r, shape) = item {
+                            take(row, &r, shape, &|| raw.to_vec())?;
+                        }
+                        Ok(())
+                    })?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
