@@ -59,10 +59,12 @@ bench-out/venv-%/.ok: scripts/requirements-%.txt
 	bench-out/venv-$*/bin/pip install -q $(PIP_ARGS) -r $<
 	touch $@
 
-## bench-fit: `decision fit` vs the pandas/pyarrow reference on 10M receipts
-## (scripts/requirements-fit.txt); data generated once into bench-out/
+## bench-fit: `decision fit` vs one DuckDB query of the same rule and the pandas/pyarrow reference,
+## on 10M and 100M receipts (FIT_SIZES), wall time and peak RSS (scripts/requirements-fit.txt);
+## data generated once into bench-out/ (1.6 GB at 100M)
+FIT_SIZES ?= 10000000,100000000
 bench-fit: build $(call venv,fit,FIT_PYTHON)
-	BIN=$(BIN) PYTHON=$(FIT_PYTHON) scripts/bench_fit.sh
+	$(FIT_PYTHON) scripts/bench_fit.py --decision $(BIN) --sizes $(FIT_SIZES)
 
 ## bench-train: `decision train` (Burn, CPU) vs PyTorch + transformers + peft, tokens/s and peak
 ## memory, tiny full fine-tune and small-Qwen3 LoRA (needs scripts/requirements-train.txt)

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use decision_data::paths::IoCheck;
-use decision_data::receipts_io::{ReadOptions, for_each_unique_receipt, receipt_files};
+use decision_data::receipts_io::{Input, ReadOptions, receipt_files, scan_unique_receipts};
 
 use crate::aggregate::Aggregate;
 use crate::config::FitConfig;
@@ -23,13 +23,16 @@ use crate::thresholds::{self, PointFit, SCHEMA, Source, Thresholds};
 )]
 pub struct FitArgs {
     /// Receipt files (.jsonl / .json: contract records or keel DecisionEvents; .parquet: flattened
-    /// columns) or folders of such shards.
+    /// columns) or folders of such shards; or object-store URLs of files or prefixes
+    /// (s3://bucket/receipts/2026-11/, gs://…, az://…, https://…), credentials from the
+    /// environment, the AWS profile files or instance metadata.
     #[arg(long, required = true, num_args = 1..)]
     pub receipts: Vec<PathBuf>,
     /// The fit config (policies per decision point, outcome patterns).
     #[arg(long, default_value = "configs/fit.toml")]
     pub config: PathBuf,
-    /// Where to write thresholds.json; bad records go beside it in <stem>.quarantine.jsonl.
+    /// Where to write thresholds.json; bad records go beside it in <stem>.quarantine.jsonl. A URL
+    /// is written only if nobody else wrote it since the run started (a conditional put).
     #[arg(long)]
     pub out: PathBuf,
     /// The thresholds currently in use: compare against them (never overwritten unless --out
@@ -66,11 +69,22 @@ pub(crate) fn quarantine_path(out: &Path) -> PathBuf {
 /// `source.duplicates`), one with another body is a bad record. Every output is opened before a
 /// receipt is read and all are published together at the end, thresholds.json last; an input
 /// without a single valid receipt is an error, and then nothing is written.
+///
+/// `--receipts`, `--previous` and `--out` may be object-store URLs (`remote.rs`).
 pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
+    if crate::remote::any_url(args) {
+        return crate::remote::fit(args);
+    }
+    let files = receipt_files(&args.receipts)?;
+    fit_inputs(args, files.into_iter().map(Input::local).collect())
+}
+
+/// [`fit`] of these inputs (local files, under their own or their URLs' names).
+pub(crate) fn fit_inputs(args: &FitArgs, inputs: Vec<Input>) -> Result<FitOutcome> {
     // Everything that can be refused is refused before a receipt is read.
     let config = FitConfig::load(&args.config)?;
     let previous = args.previous.as_deref().map(Previous::read).transpose()?;
-    let files = receipt_files(&args.receipts)?;
+    let files: Vec<PathBuf> = inputs.iter().map(|i| i.path.clone()).collect();
     let quarantine = quarantine_path(&args.out);
     let errors_file = decision_data::quarantine::errors_path(&quarantine);
     // No output may land on an input (decision_data::paths). --previous may be replaced by --out:
@@ -102,26 +116,23 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     let mut staged = Outputs::open(&args.out, &quarantine, args.report.as_deref())?;
 
     let cuts = previous.as_ref().map(Previous::cuts).unwrap_or_default();
-    let mut agg = Aggregate::new(&config, cuts);
     let mut bad_lines: Vec<String> = Vec::new();
     let opts = ReadOptions {
         outcome: config.outcome.clone(),
         progress: true,
     };
     let q = staged.quarantine();
-    let summary = for_each_unique_receipt(&args.receipts, &opts, |item| {
-        match item {
-            Ok(r) => agg.add(r),
-            Err(b) => {
-                agg.add_bad();
-                q.add(b)?;
-                if bad_lines.len() < 200 {
-                    bad_lines.extend(b.lines());
-                }
-            }
+    let new = || Aggregate::new(&config, cuts.clone());
+    let (mut agg, summary) = scan_unique_receipts(&inputs, &opts, &new, &mut |b| {
+        q.add(b)?;
+        if bad_lines.len() < 200 {
+            bad_lines.extend(b.lines());
         }
         Ok(())
     })?;
+    agg.records += summary.bad;
+    agg.bad = summary.bad;
+    agg.drop_unseen();
     debug_assert_eq!(summary.records, agg.records + summary.duplicates);
     if agg.valid() == 0 {
         let inputs: Vec<String> = summary

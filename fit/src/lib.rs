@@ -14,6 +14,7 @@ mod config;
 pub mod drift;
 mod outputs;
 pub mod policy;
+mod remote;
 mod report;
 pub mod synth;
 pub mod thresholds;

@@ -1,0 +1,144 @@
+//! `decision fit` with URLs (decision-store): `--receipts` objects and prefixes and a
+//! `--previous` object are fetched into a temporary folder first (memory stays flat; the disk
+//! holds one month's shards while the fit runs), and read under their URLs: thresholds.json's
+//! `source.files`, the quarantine's errors and every message name the URL. A `--out` URL is
+//! fitted into the temporary folder, then put beside the URL, quarantine first and
+//! thresholds.json last, each only if nobody else wrote it since the run started (a conditional
+//! put): a concurrent refit is refused, never overwritten.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use decision_data::receipts_io::{Input, receipt_files};
+use decision_data::states_io::Format;
+use decision_store::{Store, Version, is_url};
+
+use crate::cli::{FitArgs, FitOutcome, fit_inputs, quarantine_path};
+
+fn url_of(p: &Path) -> Option<&str> {
+    p.to_str().filter(|s| is_url(s))
+}
+
+/// Whether any of `decision fit`'s locations is a URL.
+pub(crate) fn any_url(args: &FitArgs) -> bool {
+    args.receipts.iter().any(|p| url_of(p).is_some())
+        || url_of(&args.out).is_some()
+        || args.previous.as_deref().and_then(url_of).is_some()
+}
+
+/// `dir/name` of a URL: the object beside it called `name`.
+fn beside(url: &str, name: &str) -> String {
+    match url.rsplit_once('/') {
+        Some((dir, _)) => format!("{dir}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn file_name(url: &str) -> &str {
+    url.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("object")
+}
+
+pub(crate) fn fit(args: &FitArgs) -> Result<FitOutcome> {
+    if let Some(r) = &args.report
+        && url_of(r).is_some()
+    {
+        bail!("--report {}: the report is written to a local folder", r.display());
+    }
+    let store = Store::new()?;
+    let tmp = tempfile::Builder::new()
+        .prefix("decision-fit-")
+        .tempdir()
+        .context("creating a temporary folder for the fetched objects (TMPDIR)")?;
+
+    // Where the outputs go, and what is there now (checked before anything is read).
+    let out_url = url_of(&args.out).map(str::to_string);
+    let uploads: Vec<(String, PathBuf, Version)> = match &out_url {
+        None => Vec::new(),
+        Some(url) => {
+            if file_name(url).is_empty() || url.ends_with('/') {
+                bail!("--out {url}: name the thresholds object, e.g. {url}thresholds.json");
+            }
+            let local = tmp.path().join("out").join(file_name(url));
+            let q = quarantine_path(&local);
+            let e = decision_data::quarantine::errors_path(&q);
+            let mut v = Vec::new();
+            for l in [q, e, local] {
+                let u = beside(url, &l.file_name().expect("named").to_string_lossy());
+                let version = store.version(&u)?;
+                v.push((u, l, version));
+            }
+            v
+        }
+    };
+
+    // The inputs, in the order given; objects fetched under their URLs.
+    let mut inputs = Vec::new();
+    let mut fetched = 0usize;
+    let mut fetch = |url: &str, inputs: &mut Vec<Input>| -> Result<()> {
+        let keep = |name: &str| Format::from_path(Path::new(name)).is_ok();
+        let objects = store.list(url, &keep)?;
+        let total: u64 = objects.iter().map(|o| o.size).sum();
+        let pb = decision_data::progress::bar(Some(total), "bytes fetched");
+        for o in objects {
+            if Format::from_path(Path::new(file_name(&o.url))).is_err() {
+                bail!(
+                    "{}: not a receipts file (.parquet, .jsonl or .json)",
+                    o.url
+                );
+            }
+            fetched += 1;
+            let dest = tmp
+                .path()
+                .join(format!("{fetched:06}-{}", file_name(&o.url)));
+            store.fetch(&o.url, &dest)?;
+            pb.inc(o.size);
+            inputs.push(Input {
+                path: dest,
+                name: PathBuf::from(&o.url),
+            });
+        }
+        pb.finish_and_clear();
+        Ok(())
+    };
+    for p in &args.receipts {
+        match url_of(p) {
+            Some(url) => {
+                if out_url.as_deref() == Some(url)
+                    || uploads.iter().any(|(u, _, _)| u == url)
+                {
+                    bail!("--out would overwrite --receipts {url}");
+                }
+                fetch(url, &mut inputs)?;
+            }
+            None => inputs.extend(receipt_files(std::slice::from_ref(p))?.into_iter().map(Input::local)),
+        }
+    }
+    let previous = match args.previous.as_deref().and_then(url_of) {
+        None => args.previous.clone(),
+        Some(url) => {
+            let dest = tmp.path().join(format!("previous-{}", file_name(url)));
+            store.fetch(url, &dest)?;
+            Some(dest)
+        }
+    };
+
+    let local = FitArgs {
+        receipts: inputs.iter().map(|i| i.path.clone()).collect(),
+        config: args.config.clone(),
+        out: uploads
+            .last()
+            .map(|(_, l, _)| l.clone())
+            .unwrap_or_else(|| args.out.clone()),
+        previous,
+        report: args.report.clone(),
+    };
+    let mut outcome = fit_inputs(&local, inputs)?;
+    for (url, path, version) in &uploads {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        store.put(url, bytes, version)?;
+    }
+    if let Some((url, _, _)) = uploads.first() {
+        outcome.quarantine = PathBuf::from(url);
+    }
+    Ok(outcome)
+}
