@@ -78,9 +78,9 @@ def duckdb_fit(receipts, config, dedup, threads=None):
              WHEN {any_of(succ)} THEN 'success'
              ELSE NULL END AS status
       FROM {source}
-      WHERE id IS NOT NULL AND id <> '' AND at IS NOT NULL AND try_cast(at AS TIMESTAMPTZ) IS NOT NULL
+      WHERE id IS NOT NULL AND id <> '' AND "at" IS NOT NULL AND try_cast("at" AS TIMESTAMPTZ) IS NOT NULL
         AND point IS NOT NULL AND regexp_full_match(point, '[a-z][a-z0-9_]*')
-        AND candidates IS NOT NULL AND NOT list_contains(list_transform(candidates, x -> x IS NULL), true)
+        AND candidates IS NOT NULL AND NOT list_contains(list_transform(candidates, lambda x: x IS NULL), true)
         AND result_kind IN ('pick', 'abstain')
         AND validation IN ({", ".join(map(sql_quote, VALIDATIONS))})
         AND (result_kind = 'abstain' OR (result_id IS NOT NULL AND confidence IS NOT NULL

@@ -72,8 +72,13 @@ pub(crate) fn quarantine_path(out: &Path) -> PathBuf {
 ///
 /// `--receipts`, `--previous` and `--out` may be object-store URLs (`remote.rs`).
 pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
+    // A bad config is refused before any input is looked at (fit_inputs reads it again).
+    FitConfig::load(&args.config)?;
     if crate::remote::any_url(args) {
         return crate::remote::fit(args);
+    }
+    if let Some(p) = &args.previous {
+        Previous::read(p)?;
     }
     let files = receipt_files(&args.receipts)?;
     fit_inputs(args, files.into_iter().map(Input::local).collect())

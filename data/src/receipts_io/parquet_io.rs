@@ -28,7 +28,9 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use chrono::{DateTime, SecondsFormat};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde_json::{Map, Value, json};
@@ -279,6 +281,14 @@ enum StrCol<'a> {
     Utf8(&'a arrow_array::StringArray),
     Large(&'a arrow_array::LargeStringArray),
     View(&'a arrow_array::StringViewArray),
+    /// Dictionary-encoded strings (how the low-cardinality columns are decoded, see
+    /// [`ParquetPlan::open`], and how pandas' categoricals arrive): the row's key into `values`.
+    Dict {
+        nulls: Option<arrow_buffer::NullBuffer>,
+        keys: Vec<usize>,
+        /// Each dictionary value, looked up once per batch.
+        values: Vec<Option<&'a str>>,
+    },
     Missing,
 }
 
@@ -291,6 +301,22 @@ impl<'a> StrCol<'a> {
             DataType::Utf8 => StrCol::Utf8(a.as_string::<i32>()),
             DataType::LargeUtf8 => StrCol::Large(a.as_string::<i64>()),
             DataType::Utf8View => StrCol::View(a.as_string_view()),
+            DataType::Dictionary(_, v)
+                if matches!(**v, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =>
+            {
+                let d = a.as_any_dictionary();
+                if d.values().is_empty() {
+                    // no values: every key is null
+                    StrCol::Missing
+                } else {
+                    let values = StrCol::new(Some(d.values()), name, file)?;
+                    StrCol::Dict {
+                        nulls: a.logical_nulls(),
+                        keys: d.normalized_keys(),
+                        values: (0..d.values().len()).map(|k| values.get(k)).collect(),
+                    }
+                }
+            }
             DataType::Null => StrCol::Missing,
             t => bail!(
                 "{}: column `{name}` has type {t}, expected a string column",
@@ -304,6 +330,14 @@ impl<'a> StrCol<'a> {
             StrCol::Utf8(a) => a.is_valid(i).then(|| a.value(i)),
             StrCol::Large(a) => a.is_valid(i).then(|| a.value(i)),
             StrCol::View(a) => a.is_valid(i).then(|| a.value(i)),
+            StrCol::Dict {
+                nulls,
+                keys,
+                values,
+            } => match nulls {
+                Some(n) if n.is_null(i) => None,
+                _ => values[keys[i]],
+            },
             StrCol::Missing => None,
         }
     }
@@ -684,6 +718,47 @@ pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     ))
 }
 
+/// Columns whose values repeat (names, enums, candidate ids), read as dictionaries.
+const DICTIONARY: [&str; 11] = [
+    "point",
+    "model",
+    "candidates",
+    "result_kind",
+    "result_id",
+    "validation",
+    "fallback_to",
+    "fallback_reason",
+    "outcome_status",
+    "shadow_reference",
+    "observed_outcome",
+];
+
+/// The file's schema with [`DICTIONARY`]'s plain string columns (and lists of them) as
+/// dictionaries; `None` when there is none to change.
+fn dictionary_hint(schema: &SchemaRef) -> Option<SchemaRef> {
+    let dict = || DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+    let mut changed = false;
+    let fields: Vec<Arc<Field>> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            if !DICTIONARY.contains(&f.name().as_str()) {
+                return f.clone();
+            }
+            let t = match f.data_type() {
+                DataType::Utf8 => dict(),
+                DataType::List(item) if item.data_type() == &DataType::Utf8 => {
+                    DataType::List(Arc::new(item.as_ref().clone().with_data_type(dict())))
+                }
+                _ => return f.clone(),
+            };
+            changed = true;
+            Arc::new(f.as_ref().clone().with_data_type(t))
+        })
+        .collect();
+    changed.then(|| Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())))
+}
+
 /// A receipts Parquet file checked and opened for reading one row group at a time (from any
 /// thread): its footer, the projection of the receipt columns, and where each row group starts.
 pub(super) struct ParquetPlan {
@@ -701,6 +776,16 @@ impl ParquetPlan {
         let metadata = guard_parquet(|| ArrowReaderMetadata::load(&file, Default::default()))
             .and_then(|r| Ok(r?))
             .with_context(|| format!("reading {} as Parquet", path.display()))?;
+        // The low-cardinality string columns are decoded as dictionaries: each row is then a key
+        // into the column chunk's few values, instead of a copy of its string.
+        let metadata = match dictionary_hint(metadata.schema()) {
+            Some(hint) => ArrowReaderMetadata::try_new(
+                metadata.metadata().clone(),
+                ArrowReaderOptions::new().with_schema(hint),
+            )
+            .unwrap_or(metadata),
+            None => metadata,
+        };
         let arrow_schema = metadata.schema().clone();
         for name in REQUIRED {
             if arrow_schema.field_with_name(name).is_err() {
