@@ -123,7 +123,7 @@ def duckdb_fit(receipts, config, dedup, threads=None):
 def run_timed(cmd, stdout=None):
     """Run cmd; return (wall seconds, peak RSS bytes of that process)."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=stdout or subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, stdout=stdout or subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(p.pid, 0)
     dt = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:

@@ -17,6 +17,12 @@ import sys
 # Authentication is on from the first request but three: the IAM calls below, unsigned.
 os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
 
+from importlib.metadata import version  # noqa: E402
+
+# Older moto computes a listing's signature differently from the AWS SDKs (and object_store).
+if tuple(int(x) for x in version("moto").split(".")[:3]) < (5, 2, 5):
+    sys.exit(f"moto {version('moto')} is too old: 5.2.5 or newer is needed (scripts/requirements-s3.txt)")
+
 import boto3  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 

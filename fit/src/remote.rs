@@ -15,6 +15,9 @@ use decision_store::{Store, Version, is_url};
 
 use crate::cli::{FitArgs, FitOutcome, fit_inputs, quarantine_path};
 
+/// Objects fetched at once.
+const FETCH_PARALLEL: usize = 8;
+
 fn url_of(p: &Path) -> Option<&str> {
     p.to_str().filter(|s| is_url(s))
 }
@@ -71,48 +74,42 @@ pub(crate) fn fit(args: &FitArgs) -> Result<FitOutcome> {
         }
     };
 
-    // The inputs, in the order given; objects fetched under their URLs.
+    // The inputs, in the order given; objects fetched under their URLs, several at a time.
     let mut inputs = Vec::new();
-    let mut fetched = 0usize;
-    let mut fetch = |url: &str, inputs: &mut Vec<Input>| -> Result<()> {
-        let keep = |name: &str| Format::from_path(Path::new(name)).is_ok();
-        let objects = store.list(url, &keep)?;
-        let total: u64 = objects.iter().map(|o| o.size).sum();
-        let pb = decision_data::progress::bar(Some(total), "bytes fetched");
-        for o in objects {
-            if Format::from_path(Path::new(file_name(&o.url))).is_err() {
-                bail!(
-                    "{}: not a receipts file (.parquet, .jsonl or .json)",
-                    o.url
-                );
-            }
-            fetched += 1;
-            let dest = tmp
-                .path()
-                .join(format!("{fetched:06}-{}", file_name(&o.url)));
-            store.fetch(&o.url, &dest)?;
-            pb.inc(o.size);
-            inputs.push(Input {
-                path: dest,
-                name: PathBuf::from(&o.url),
-            });
-        }
-        pb.finish_and_clear();
-        Ok(())
-    };
+    let mut wanted: Vec<(String, PathBuf)> = Vec::new();
+    let mut total = 0u64;
     for p in &args.receipts {
         match url_of(p) {
             Some(url) => {
-                if out_url.as_deref() == Some(url)
-                    || uploads.iter().any(|(u, _, _)| u == url)
-                {
+                if out_url.as_deref() == Some(url) || uploads.iter().any(|(u, _, _)| u == url) {
                     bail!("--out would overwrite --receipts {url}");
                 }
-                fetch(url, &mut inputs)?;
+                let keep = |name: &str| Format::from_path(Path::new(name)).is_ok();
+                for o in store.list(url, &keep)? {
+                    if Format::from_path(Path::new(file_name(&o.url))).is_err() {
+                        bail!("{}: not a receipts file (.parquet, .jsonl or .json)", o.url);
+                    }
+                    let dest = tmp
+                        .path()
+                        .join(format!("{:06}-{}", wanted.len() + 1, file_name(&o.url)));
+                    total += o.size;
+                    inputs.push(Input {
+                        path: dest.clone(),
+                        name: PathBuf::from(&o.url),
+                    });
+                    wanted.push((o.url, dest));
+                }
             }
-            None => inputs.extend(receipt_files(std::slice::from_ref(p))?.into_iter().map(Input::local)),
+            None => inputs.extend(
+                receipt_files(std::slice::from_ref(p))?
+                    .into_iter()
+                    .map(Input::local),
+            ),
         }
     }
+    let pb = decision_data::progress::bar(Some(total), "bytes fetched");
+    store.fetch_all(&wanted, FETCH_PARALLEL, &|n| pb.inc(n))?;
+    pb.finish_and_clear();
     let previous = match args.previous.as_deref().and_then(url_of) {
         None => args.previous.clone(),
         Some(url) => {

@@ -201,36 +201,32 @@ impl Store {
     /// is removed.
     pub fn fetch(&self, url: &str, dest: &Path) -> Result<u64> {
         let (store, key) = self.open(url)?;
-        let result = self.rt.block_on(async {
-            let got = store
-                .get(&key)
-                .await
-                .map_err(|e| explain(url, "reading", e))?;
-            let expected = got.meta.size;
-            let mut out = File::create_new(dest)
-                .with_context(|| format!("creating {}", dest.display()))?;
-            let mut stream = got.into_stream();
-            let mut n = 0u64;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| {
-                    anyhow!("{url}: the connection failed after {n} of {expected} bytes: {e}")
-                })?;
-                out.write_all(&chunk)
-                    .with_context(|| format!("writing {}", dest.display()))?;
-                n += chunk.len() as u64;
-            }
-            if n != expected {
-                bail!("{url}: the object ended after {n} of its {expected} bytes");
-            }
-            out.sync_all()
-                .with_context(|| format!("writing {}", dest.display()))?;
-            Ok(n)
-        });
-        if result.is_err() {
-            let _ = std::fs::remove_file(dest);
-        }
-        result
+        self.rt.block_on(fetch_one(store, key, url, dest))
     }
+
+    /// [`Store::fetch`] of every `(url, dest)`, `parallel` at a time (one stream per object
+    /// is far below what a bucket serves); `done` is told each object's bytes as it lands. The
+    /// first error stops the rest; every file already written stays for the caller to remove.
+    pub fn fetch_all(
+        &self,
+        objects: &[(String, std::path::PathBuf)],
+        parallel: usize,
+        done: &dyn Fn(u64),
+    ) -> Result<()> {
+        let mut jobs = Vec::with_capacity(objects.len());
+        for (url, dest) in objects {
+            let (store, key) = self.open(url)?;
+            jobs.push(fetch_one(store, key, url, dest));
+        }
+        self.rt.block_on(async {
+            let mut results = futures::stream::iter(jobs).buffered(parallel.max(1));
+            while let Some(r) = results.next().await {
+                done(r?);
+            }
+            Ok(())
+        })
+    }
+
 
     /// The object's version now: absent, or its ETag (and version id where the store has one).
     pub fn version(&self, url: &str) -> Result<Version> {
@@ -275,6 +271,40 @@ impl Store {
             Err(e) => Err(explain(url, "writing", e)),
         }
     }
+}
+
+/// One object into a new file `dest`, its length checked; `dest` removed on any error.
+async fn fetch_one(store: Arc<dyn ObjectStore>, key: Key, url: &str, dest: &Path) -> Result<u64> {
+    let result: Result<u64> = async {
+        let got = store
+            .get(&key)
+            .await
+            .map_err(|e| explain(url, "reading", e))?;
+        let expected = got.meta.size;
+        let mut out = File::create_new(dest)
+            .with_context(|| format!("creating {}", dest.display()))?;
+        let mut stream = got.into_stream();
+        let mut n = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                anyhow!("{url}: the connection failed after {n} of {expected} bytes: {e}")
+            })?;
+            out.write_all(&chunk)
+                .with_context(|| format!("writing {}", dest.display()))?;
+            n += chunk.len() as u64;
+        }
+        if n != expected {
+            bail!("{url}: the object ended after {n} of its {expected} bytes");
+        }
+        out.sync_all()
+            .with_context(|| format!("writing {}", dest.display()))?;
+        Ok(n)
+    }
+    .await;
+    if result.is_err() {
+        let _ = std::fs::remove_file(dest);
+    }
+    result
 }
 
 /// An object_store error as one line that names the URL and what to check.
