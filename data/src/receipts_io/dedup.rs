@@ -204,32 +204,35 @@ impl SeenIds {
     }
 }
 
-/// One valid record's place in the id check of a parallel read ([`SpilledIds`]): its id's and
-/// body's hashes (as [`SeenIds`] keeps them) and its position in the input, as
-/// `file index << 40 | row`.
+/// 64 bits of the hash of `r`'s body (`buf` is scratch space): how a parallel read tells a
+/// duplicate from a conflict once it knows which records repeat an id.
+pub(super) fn body_hash64(r: &Receipt, buf: &mut Vec<u8>) -> u64 {
+    encode_body(r, buf);
+    XxHash64::oneshot(2, buf)
+}
+
+/// One valid record's place in the id check of a parallel read ([`SpilledIds`]): its id's hash
+/// (96 bits, as [`SeenIds`] keeps it) and its position in the input, `file index << 40 | row`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
 pub(super) struct IdEntry {
     id: [u32; 3],
-    body: u32,
     pub seq: u64,
 }
 
 impl IdEntry {
-    pub fn of(r: &Receipt, seq: u64, buf: &mut Vec<u8>) -> IdEntry {
+    pub fn of(r: &Receipt, seq: u64) -> IdEntry {
         IdEntry {
             id: id_key(&r.id).0,
-            body: body_hash(r, buf),
             seq,
         }
     }
 
-    fn to_bytes(self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        for (k, w) in self.id.iter().chain([&self.body]).enumerate() {
+    fn to_bytes(self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        for (k, w) in self.id.iter().enumerate() {
             b[4 * k..4 * k + 4].copy_from_slice(&w.to_le_bytes());
         }
-        b[16..].copy_from_slice(&self.seq.to_le_bytes());
+        b[12..].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
 
@@ -237,18 +240,24 @@ impl IdEntry {
         let w = |k: usize| u32::from_le_bytes(b[4 * k..4 * k + 4].try_into().expect("4 bytes"));
         IdEntry {
             id: [w(0), w(1), w(2)],
-            body: w(3),
-            seq: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            seq: u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
         }
     }
 }
 
+/// A record whose id an earlier record (`first`) already had; both as `file << 40 | row`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Repeat {
+    pub seq: u64,
+    pub first: u64,
+}
+
 /// The id check of a read whose records are counted before it is known whether they repeat an
 /// earlier id (the parallel read of `decision fit`): every valid record's [`IdEntry`] goes into
-/// one of 256 partitions by its id's hash, each spilled to a temporary file in 96 KiB appends,
+/// one of 256 partitions by its id's hash, each spilled to a temporary file in 80 KiB appends,
 /// so memory stays flat whatever the input; [`SpilledIds::finish`] then sorts one partition at
 /// a time and names every record that repeats an id read before it (input order decides which
-/// copy is first, as with [`SeenIds`]).
+/// copy is first, as with [`SeenIds`]). Bodies are compared afterwards, on the repeats alone.
 pub(super) struct SpilledIds {
     parts: Vec<Vec<IdEntry>>,
     files: Vec<Option<File>>,
@@ -307,7 +316,7 @@ impl SpilledIds {
                 .with_context(|| format!("creating {}", path.display()))?;
             self.files[p] = Some(f);
         }
-        let mut bytes = Vec::with_capacity(self.parts[p].len() * 24);
+        let mut bytes = Vec::with_capacity(self.parts[p].len() * 20);
         for e in self.parts[p].drain(..) {
             bytes.extend_from_slice(&e.to_bytes());
         }
@@ -319,38 +328,33 @@ impl SpilledIds {
         Ok(())
     }
 
-    /// Every record that repeats an earlier id, in input order: [`Seen::Duplicate`] when its
-    /// body is the first one's, [`Seen::Conflict`] when not. Partitions are sorted in parallel.
-    pub fn finish(self) -> Result<Vec<(u64, Seen)>> {
+    /// Every record that repeats an earlier id, in input order, with the first record of that
+    /// id. Partitions are sorted in parallel.
+    pub fn finish(self) -> Result<Vec<Repeat>> {
         use rayon::prelude::*;
         let SpilledIds {
             parts, mut files, dir, ..
         } = self;
-        let mut found: Vec<(u64, Seen)> = parts
+        let mut found: Vec<Repeat> = parts
             .into_par_iter()
             .zip(files.par_iter_mut())
-            .map(|(mut entries, file)| -> Result<Vec<(u64, Seen)>> {
-                if let Some(f) = file.take() {
-                    let mut f = f;
+            .map(|(mut entries, file)| -> Result<Vec<Repeat>> {
+                if let Some(mut f) = file.take() {
                     f.seek(SeekFrom::Start(0))?;
                     let mut bytes = Vec::new();
                     f.read_to_end(&mut bytes)
                         .context("reading back the duplicate-id check's temporary file")?;
-                    entries.extend(bytes.chunks_exact(24).map(IdEntry::from_bytes));
+                    entries.extend(bytes.chunks_exact(20).map(IdEntry::from_bytes));
                 }
                 entries.sort_unstable_by_key(|e| (e.id, e.seq));
                 let mut out = Vec::new();
                 let mut first: Option<IdEntry> = None;
                 for e in entries {
                     match first {
-                        Some(f) if f.id == e.id => out.push((
-                            e.seq,
-                            if f.body == e.body {
-                                Seen::Duplicate
-                            } else {
-                                Seen::Conflict
-                            },
-                        )),
+                        Some(f) if f.id == e.id => out.push(Repeat {
+                            seq: e.seq,
+                            first: f.seq,
+                        }),
                         _ => first = Some(e),
                     }
                 }
@@ -361,7 +365,7 @@ impl SpilledIds {
             .flatten()
             .collect();
         drop(dir);
-        found.sort_unstable_by_key(|&(seq, _)| seq);
+        found.sort_unstable();
         Ok(found)
     }
 }

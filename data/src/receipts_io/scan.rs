@@ -6,11 +6,12 @@
 //! per thread, so memory is bounded by the pieces in flight, never by the input.
 //!
 //! Each receipt id counts once, as in [`super::for_each_unique_receipt`], but that is settled
-//! at the end: every valid receipt's [`IdEntry`] goes into the spilled check of `dedup.rs`
-//! while it is counted; once the input is read, the check names the records that repeat an id
-//! read before them, and those are read again and taken back out of the tally (weight -1). A
-//! repeat with the same body is a duplicate; one with another body is a bad record, reported
-//! (file, row, field `id`) after the bad records met during the read.
+//! at the end: every valid receipt's [`IdEntry`] (its id's hash and place) goes into the spilled
+//! check of `dedup.rs` while it is counted; once the input is read, the check names the records
+//! that repeat an id read before them, and those (with the first of each id) are read again:
+//! a repeat is taken back out of the tally (weight -1), as a duplicate when its body is the
+//! first's and as a bad record (file, row, field `id`, reported after the bad records met
+//! during the read) when it is not.
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
@@ -21,7 +22,7 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use super::dedup::{IdEntry, Seen, SpilledIds, conflict_error};
+use super::dedup::{IdEntry, Repeat, SpilledIds, body_hash64, conflict_error};
 use super::line::{Line, eval_line};
 use super::parquet_io::ParquetPlan;
 use super::{ReadOptions, ReadSummary, Shape, hex_lower};
@@ -204,7 +205,6 @@ fn run<T: Tally>(
         by_shape: [0; 3],
         bytes: 0,
     };
-    let mut buf = Vec::new();
     match w {
         Work::RowGroup { file, rg } => {
             let plan = plans.parquet[file].as_ref().expect("planned");
@@ -222,7 +222,7 @@ fn run<T: Tally>(
                         Ok(r) => {
                             p.by_shape[shape_index(Shape::Parquet)] += 1;
                             p.tally.add(&r.point, &Facts::of(r), 1);
-                            p.ids.push(IdEntry::of(r, seq(file, row), &mut buf));
+                            p.ids.push(IdEntry::of(r, seq(file, row)));
                         }
                         Err(e) => p
                             .bad
@@ -251,7 +251,7 @@ fn run<T: Tally>(
                         p.records += 1;
                         p.by_shape[shape_index(shape)] += 1;
                         p.tally.add(&r.point, &Facts::of(&r), 1);
-                        p.ids.push(IdEntry::of(&r, seq(file, row), &mut buf));
+                        p.ids.push(IdEntry::of(&r, seq(file, row)));
                     }
                     Line::Bad(e) => {
                         p.records += 1;
@@ -410,11 +410,13 @@ pub(super) fn scan_with<T: Tally>(
     })
 }
 
-/// Read the repeated records again and take them out of the tally: a duplicate is counted in
-/// `duplicates`, a conflict is a bad record (reported through `bad`).
+/// Read the repeated records, and the first record of each repeated id, again: a repeat whose
+/// body hashes (64 bits) like its first's is a duplicate (counted in `duplicates`), any other a
+/// conflict (a bad record, reported through `bad`); both are taken out of the tally. Rows are
+/// visited in input order, so a first is always read before its repeats.
 #[allow(clippy::too_many_arguments)]
 fn take_back<T: Tally>(
-    repeats: &[(u64, Seen)],
+    repeats: &[Repeat],
     inputs: &[Input],
     names: &[Arc<PathBuf>],
     plans: &Plans,
@@ -426,38 +428,52 @@ fn take_back<T: Tally>(
     bad: &mut dyn FnMut(&BadRow) -> Result<()>,
     line_bytes: usize,
 ) -> Result<()> {
+    // (row's place, the first it repeats; None for a first)
+    let mut visits: Vec<(u64, Option<u64>)> = repeats
+        .iter()
+        .map(|r| (r.seq, Some(r.first)))
+        .chain(repeats.iter().map(|r| (r.first, None)))
+        .collect();
+    visits.sort_unstable();
+    visits.dedup();
+    let mut firsts: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let mut buf = Vec::new();
     let mut k = 0;
-    while k < repeats.len() {
-        let file = (repeats[k].0 >> 40) as usize;
-        let end = k + repeats[k..]
+    while k < visits.len() {
+        let file = (visits[k].0 >> 40) as usize;
+        let end = k + visits[k..]
             .iter()
             .take_while(|(q, _)| (q >> 40) as usize == file)
             .count();
-        let here = &repeats[k..end];
+        let here = &visits[k..end];
         k = end;
         let row_of = |q: u64| q & ((1 << 40) - 1);
-        let kind_at = |row: u64| {
+        let role_at = |row: u64| {
             here.binary_search_by_key(&row, |&(q, _)| row_of(q))
                 .ok()
                 .map(|i| here[i].1)
         };
         let mut take = |row: u64, r: &Receipt, shape: Shape, raw: &dyn Fn() -> Vec<u8>| -> Result<()> {
-            let Some(kind) = kind_at(row) else {
+            let Some(role) = role_at(row) else {
+                return Ok(());
+            };
+            let h = body_hash64(r, &mut buf);
+            let Some(first) = role else {
+                firsts.insert(seq(file, row), h);
                 return Ok(());
             };
             tally.add(&r.point, &Facts::of(r), -1);
             by_shape[shape_index(shape)] -= 1;
-            match kind {
-                Seen::Duplicate => s.duplicates += 1,
-                _ => {
-                    s.bad += 1;
-                    bad(&BadRow::from_line(
-                        names[file].clone(),
-                        row,
-                        raw(),
-                        vec![conflict_error(r)],
-                    ))?;
-                }
+            if firsts.get(&first) == Some(&h) {
+                s.duplicates += 1;
+            } else {
+                s.bad += 1;
+                bad(&BadRow::from_line(
+                    names[file].clone(),
+                    row,
+                    raw(),
+                    vec![conflict_error(r)],
+                ))?;
             }
             Ok(())
         };
