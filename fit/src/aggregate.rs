@@ -311,13 +311,6 @@ impl Aggregate {
         self.point_mut(&r.point).add(r);
     }
 
-    fn point_for(&mut self, name: &str) -> &mut PointAgg {
-        // one lookup on the common path (the point exists)
-        if self.points.contains_key(name) {
-            return self.points.get_mut(name).expect("present");
-        }
-        self.point_mut(name)
-    }
 
     pub fn add_bad(&mut self) {
         self.records += 1;
@@ -351,7 +344,12 @@ impl Aggregate {
 impl Tally for Aggregate {
     fn add(&mut self, point: &str, facts: &Facts, weight: i64) {
         self.records = self.records.wrapping_add_signed(weight);
-        self.point_for(point).add_facts(facts, weight);
+        // one lookup on the common path (the point exists)
+        if let Some(p) = self.points.get_mut(point) {
+            p.add_facts(facts, weight);
+            return;
+        }
+        self.point_mut(point).add_facts(facts, weight);
     }
 
     fn merge(&mut self, later: Self) {

@@ -346,7 +346,18 @@ impl SpilledIds {
                         .context("reading back the duplicate-id check's temporary file")?;
                     entries.extend(bytes.chunks_exact(20).map(IdEntry::from_bytes));
                 }
-                entries.sort_unstable_by_key(|e| (e.id, e.seq));
+                // 64 bits of the id's hash decide almost every comparison; runs that share them
+                // (the same id, or rarely two) are put in (id, place) order afterwards
+                let top = |e: &IdEntry| (u64::from(e.id[0]) << 32) | u64::from(e.id[1]);
+                entries.sort_unstable_by_key(top);
+                let mut i = 0;
+                while i < entries.len() {
+                    let j = i + entries[i..].iter().take_while(|e| top(e) == top(&entries[i])).count();
+                    if j - i > 1 {
+                        entries[i..j].sort_unstable_by_key(|e| (e.id[2], e.seq));
+                    }
+                    i = j;
+                }
                 let mut out = Vec::new();
                 let mut first: Option<IdEntry> = None;
                 for e in entries {

@@ -340,11 +340,21 @@ pub(super) fn scan_with<T: Tally>(
             Ok(hex_lower(&hash.finalize()))
         });
 
-        let mut tally = new();
+        // Tallies and ids are folded in on a thread of their own while the next wave is read.
+        let (to_fold, folding) = std::sync::mpsc::sync_channel::<(T, Vec<IdEntry>)>(wave);
+        let folder = scope.spawn(move || -> Result<(T, SpilledIds)> {
+            let mut tally = new();
+            for (t, entries) in folding {
+                tally.merge(t);
+                for e in entries {
+                    ids.push(e)?;
+                }
+            }
+            Ok((tally, ids))
+        });
         let mut by_shape = [0u64; 3];
         let mut pending: Vec<Work> = Vec::with_capacity(wave);
         let mut flush = |pending: &mut Vec<Work>,
-                         tally: &mut T,
                          s: &mut ReadSummary,
                          by_shape: &mut [u64; 3]|
          -> Result<()> {
@@ -356,7 +366,6 @@ pub(super) fn scan_with<T: Tally>(
                 .collect();
             for p in pieces {
                 let p = p?;
-                tally.merge(p.tally);
                 s.records += p.records;
                 s.torn += p.torn;
                 s.bad += p.bad.len() as u64;
@@ -366,8 +375,8 @@ pub(super) fn scan_with<T: Tally>(
                 for b in &p.bad {
                     bad(b)?;
                 }
-                for e in p.ids {
-                    ids.push(e)?;
+                if to_fold.send((p.tally, p.ids)).is_err() {
+                    break; // the folder stopped on an error: its join says which
                 }
                 pb.inc(p.bytes);
             }
@@ -380,7 +389,7 @@ pub(super) fn scan_with<T: Tally>(
                     for rg in 0..n {
                         pending.push(Work::RowGroup { file, rg });
                         if pending.len() >= wave {
-                            flush(&mut pending, &mut tally, &mut s, &mut by_shape)?;
+                            flush(&mut pending, &mut s, &mut by_shape)?;
                         }
                     }
                 }
@@ -390,14 +399,17 @@ pub(super) fn scan_with<T: Tally>(
                     while let Some((before, data)) = pieces.next(&input.path)? {
                         pending.push(Work::Lines { file, before, data });
                         if pending.len() >= wave {
-                            flush(&mut pending, &mut tally, &mut s, &mut by_shape)?;
+                            flush(&mut pending, &mut s, &mut by_shape)?;
                         }
                     }
                 }
             }
         }
-        flush(&mut pending, &mut tally, &mut s, &mut by_shape)?;
+        flush(&mut pending, &mut s, &mut by_shape)?;
 
+        drop(flush);
+        drop(to_fold);
+        let (mut tally, ids) = folder.join().expect("the folding thread does not panic")?;
         let repeats = ids.finish()?;
         take_back(
             &repeats, inputs, &names, &plans, &formats, opts, &mut tally, &mut s, &mut by_shape,
