@@ -54,7 +54,9 @@ fn server(test: &str) -> Option<&'static Server> {
                 let mut err = String::new();
                 let _ = child.stderr.take().expect("piped").read_to_string(&mut err);
                 let last = err.lines().last().unwrap_or("no output").to_string();
-                return Err(format!("{python} scripts/s3_server.py did not start: {last}"));
+                return Err(format!(
+                    "{python} scripts/s3_server.py did not start: {last}"
+                ));
             }
         };
         // moto logs each request on stderr: drain it so the pipe never fills.
@@ -156,7 +158,15 @@ fn shards(dir: &Path, home: &Path) -> Vec<PathBuf> {
     for (p, n, seed) in [(&a, "3000", "1"), (&b, "2000", "2")] {
         ok(decision(
             &[
-                "gen", "receipts", "--n", n, "--seed", seed, "--bad", "0.01", "--out",
+                "gen",
+                "receipts",
+                "--n",
+                n,
+                "--seed",
+                seed,
+                "--bad",
+                "0.01",
+                "--out",
                 p.to_str().unwrap(),
             ],
             &[],
@@ -203,8 +213,13 @@ fn a_prefix_in_s3_fits_byte_for_byte_like_the_same_files_on_disk() {
     let out_s3 = home.join("out-s3/thresholds.json");
     ok(decision(
         &[
-            "fit", "--receipts", home.join("local/2026-11").to_str().unwrap(), "--config", &cfg,
-            "--out", out_local.to_str().unwrap(),
+            "fit",
+            "--receipts",
+            home.join("local/2026-11").to_str().unwrap(),
+            "--config",
+            &cfg,
+            "--out",
+            out_local.to_str().unwrap(),
         ],
         &[],
         home,
@@ -212,7 +227,15 @@ fn a_prefix_in_s3_fits_byte_for_byte_like_the_same_files_on_disk() {
     let prefix = s.url("same/2026-11/");
     let env = env_for(s, &s.endpoint, &s.secret);
     let o = ok(decision(
-        &["fit", "--receipts", &prefix, "--config", &cfg, "--out", out_s3.to_str().unwrap()],
+        &[
+            "fit",
+            "--receipts",
+            &prefix,
+            "--config",
+            &cfg,
+            "--out",
+            out_s3.to_str().unwrap(),
+        ],
         &env,
         home,
     ));
@@ -226,7 +249,10 @@ fn a_prefix_in_s3_fits_byte_for_byte_like_the_same_files_on_disk() {
         .collect();
     let t: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(t["source"]["files"], serde_json::json!(urls));
-    assert!(t["source"]["bad"].as_u64().unwrap() > 0, "the shards hold bad records");
+    assert!(
+        t["source"]["bad"].as_u64().unwrap() > 0,
+        "the shards hold bad records"
+    );
     // the same bytes, once the local paths read as the URLs they were copied to
     let mut renamed = a.clone();
     for (p, u) in local.iter().zip(&urls) {
@@ -292,22 +318,40 @@ fn out_as_a_url_is_put_and_never_replaces_another_writer_s() {
     ));
     // --out may not name an input
     let o = decision(
-        &["fit", "--receipts", &input, "--config", &cfg, "--out", &input],
+        &[
+            "fit",
+            "--receipts",
+            &input,
+            "--config",
+            &cfg,
+            "--out",
+            &input,
+        ],
         &env,
         home,
     );
-    assert!(!o.status.success() && text(&o).contains("would overwrite --receipts"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("would overwrite --receipts"),
+        "{}",
+        text(&o)
+    );
 
     // the conditional put itself: a version read before another writer's put is refused
     let url = s.url("w/race.json");
     let absent = store.version(&url).unwrap();
     assert!(absent.absent());
     store.put(&url, b"first".to_vec(), &absent).unwrap();
-    let e = store.put(&url, b"second".to_vec(), &absent).unwrap_err().to_string();
+    let e = store
+        .put(&url, b"second".to_vec(), &absent)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("another writer") && e.contains(&url), "{e}");
     let v1 = store.version(&url).unwrap();
     store.put(&url, b"third".to_vec(), &v1).unwrap();
-    let e = store.put(&url, b"fourth".to_vec(), &v1).unwrap_err().to_string();
+    let e = store
+        .put(&url, b"fourth".to_vec(), &v1)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("another writer"), "{e}");
     store.fetch(&url, &home.join("race")).unwrap();
     assert_eq!(std::fs::read(home.join("race")).unwrap(), b"third");
@@ -315,7 +359,8 @@ fn out_as_a_url_is_put_and_never_replaces_another_writer_s() {
 
 #[test]
 fn a_missing_object_and_wrong_credentials_are_clear_errors_that_write_nothing() {
-    let Some(s) = server("a_missing_object_and_wrong_credentials_are_clear_errors_that_write_nothing")
+    let Some(s) =
+        server("a_missing_object_and_wrong_credentials_are_clear_errors_that_write_nothing")
     else {
         return;
     };
@@ -345,17 +390,28 @@ fn a_missing_object_and_wrong_credentials_are_clear_errors_that_write_nothing() 
     let missing = s.url("m/nope.parquet");
     let o = run(&missing, &env_for(s, &s.endpoint, &s.secret));
     assert!(!o.status.success());
-    assert!(text(&o).contains(&missing) && text(&o).contains("no such object"), "{}", text(&o));
+    assert!(
+        text(&o).contains(&missing) && text(&o).contains("no such object"),
+        "{}",
+        text(&o)
+    );
     let empty = s.url("m/empty-prefix/");
     let o = run(&empty, &env_for(s, &s.endpoint, &s.secret));
-    assert!(!o.status.success() && text(&o).contains("no shard"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("no shard"),
+        "{}",
+        text(&o)
+    );
 
     let wrong = "wJalrXUtnFEMI-this-is-not-the-key";
     let o = run(&s.url("m/a.parquet"), &env_for(s, &s.endpoint, wrong));
     assert!(!o.status.success());
     let t = text(&o);
     assert!(t.contains(&s.url("m/a.parquet")), "{t}");
-    assert!(!t.contains(wrong) && !t.contains(&s.secret), "a secret was printed: {t}");
+    assert!(
+        !t.contains(wrong) && !t.contains(&s.secret),
+        "a secret was printed: {t}"
+    );
     assert!(!home.join("out").exists(), "nothing is written");
 
     // the same read with the key in an AWS profile file instead of the environment
@@ -457,7 +513,15 @@ fn a_connection_dropped_mid_object_is_resumed_once_and_an_error_when_it_keeps_dr
     let cut = format!("GET /{}/drop/a.parquet", s.bucket);
     let fit = |proxy: &str, out: &Path| {
         decision(
-            &["fit", "--receipts", &url, "--config", &config(), "--out", out.to_str().unwrap()],
+            &[
+                "fit",
+                "--receipts",
+                &url,
+                "--config",
+                &config(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
             &env_for(s, proxy, &s.secret),
             home,
         )
@@ -467,7 +531,9 @@ fn a_connection_dropped_mid_object_is_resumed_once_and_an_error_when_it_keeps_dr
     let once = dropping_proxy(&s.endpoint, cut.clone(), size / 3, 1);
     ok(fit(&once, &home.join("once/thresholds.json")));
     ok(fit(&s.endpoint, &home.join("direct/thresholds.json")));
-    let read = |d: &str| without_time(&std::fs::read_to_string(home.join(d).join("thresholds.json")).unwrap());
+    let read = |d: &str| {
+        without_time(&std::fs::read_to_string(home.join(d).join("thresholds.json")).unwrap())
+    };
     assert_eq!(read("once"), read("direct"));
 
     // dropped after 2 KB every time: the retries give up, with an error naming the object

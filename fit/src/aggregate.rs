@@ -311,7 +311,6 @@ impl Aggregate {
         self.point_mut(&r.point).add(r);
     }
 
-
     pub fn add_bad(&mut self) {
         self.records += 1;
         self.bad += 1;
@@ -524,7 +523,10 @@ mod tests {
         for r in all.iter().take(3) {
             Tally::add(&mut with, &r.point, &Facts::of(r), -1);
         }
-        assert_eq!(with.points, without.points, "bit for bit, confidence sums included");
+        assert_eq!(
+            with.points, without.points,
+            "bit for bit, confidence sums included"
+        );
         assert_eq!(with.records, without.records);
     }
 }

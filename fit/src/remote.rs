@@ -38,14 +38,20 @@ fn beside(url: &str, name: &str) -> String {
 }
 
 fn file_name(url: &str) -> &str {
-    url.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("object")
+    url.rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("object")
 }
 
 pub(crate) fn fit(args: &FitArgs) -> Result<FitOutcome> {
     if let Some(r) = &args.report
         && url_of(r).is_some()
     {
-        bail!("--report {}: the report is written to a local folder", r.display());
+        bail!(
+            "--report {}: the report is written to a local folder",
+            r.display()
+        );
     }
     let store = Store::new()?;
     let tmp = tempfile::Builder::new()
@@ -89,9 +95,9 @@ pub(crate) fn fit(args: &FitArgs) -> Result<FitOutcome> {
                     if Format::from_path(Path::new(file_name(&o.url))).is_err() {
                         bail!("{}: not a receipts file (.parquet, .jsonl or .json)", o.url);
                     }
-                    let dest = tmp
-                        .path()
-                        .join(format!("{:06}-{}", wanted.len() + 1, file_name(&o.url)));
+                    let dest =
+                        tmp.path()
+                            .join(format!("{:06}-{}", wanted.len() + 1, file_name(&o.url)));
                     total += o.size;
                     inputs.push(Input {
                         path: dest.clone(),

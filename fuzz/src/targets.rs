@@ -131,7 +131,8 @@ fn shipped_fit_config() -> Result<FitConfig> {
 }
 
 /// Receipts, as `decision fit` reads them: each id once, bad records quarantined, every point
-/// aggregated and fitted; Parquet also split by row groups as a parallel reader would.
+/// aggregated and fitted; the parallel read (row groups and line pieces on threads, the spilled
+/// id check) must count exactly what the sequential one counts.
 fn receipts(path: &Path) -> Result<Box<dyn Runner>> {
     struct Receipts {
         path: PathBuf,
@@ -160,7 +161,26 @@ fn receipts(path: &Path) -> Result<Box<dyn Runner>> {
                     Ok(())
                 });
             q.finish()?;
-            let summary = read?;
+            // The parallel read `decision fit` uses must agree with the sequential one, or both
+            // refuse the file.
+            let inputs = [receipts_io::Input::local(path.clone())];
+            let new = || Aggregate::new(&self.config, BTreeMap::new());
+            let scanned = receipts_io::scan_unique_receipts(&inputs, &opts, &new, &mut |_| Ok(()));
+            let summary = match (read, scanned) {
+                (Ok(summary), Ok((mut scan, scan_summary))) => {
+                    scan.drop_unseen();
+                    // a disagreement is a finding (a panic), not a refusal
+                    assert_eq!(scan_summary, summary, "the parallel read counted otherwise");
+                    assert!(
+                        scan.points == agg.points,
+                        "the parallel read's aggregate differs from the sequential one's"
+                    );
+                    summary
+                }
+                (Err(e), Err(_)) => return Err(e),
+                (Ok(_), Err(e)) => panic!("only the parallel read refused the file: {e:#}"),
+                (Err(e), Ok(_)) => panic!("only the sequential read refused the file: {e:#}"),
+            };
             for (name, p) in &agg.points {
                 let _ = decision_fit::thresholds::fit_point(p, self.config.policy(name));
             }

@@ -128,9 +128,7 @@ impl Store {
             ObjectStoreScheme::AmazonS3 => {
                 let mut b = profile::aws(AmazonS3Builder::from_env()).with_url(url);
                 for (k, v) in &self.s3 {
-                    let key = k
-                        .parse()
-                        .map_err(|e| anyhow!("S3 setting {k}: {e}"))?;
+                    let key = k.parse().map_err(|e| anyhow!("S3 setting {k}: {e}"))?;
                     b = b.with_config(key, v);
                 }
                 b.with_retry(retry()).build().map(|s| Arc::new(s) as _)
@@ -227,7 +225,6 @@ impl Store {
         })
     }
 
-
     /// The object's version now: absent, or its ETag (and version id where the store has one).
     pub fn version(&self, url: &str) -> Result<Version> {
         let (store, key) = self.open(url)?;
@@ -262,11 +259,7 @@ impl Store {
             | Err(object_store::Error::Precondition { .. }) => bail!(
                 "{url}: another writer changed it while this run was going (it was {} when the \
                  run started); not overwritten",
-                if expected.absent() {
-                    "absent"
-                } else {
-                    "there"
-                }
+                if expected.absent() { "absent" } else { "there" }
             ),
             Err(e) => Err(explain(url, "writing", e)),
         }
@@ -281,8 +274,8 @@ async fn fetch_one(store: Arc<dyn ObjectStore>, key: Key, url: &str, dest: &Path
             .await
             .map_err(|e| explain(url, "reading", e))?;
         let expected = got.meta.size;
-        let mut out = File::create_new(dest)
-            .with_context(|| format!("creating {}", dest.display()))?;
+        let mut out =
+            File::create_new(dest).with_context(|| format!("creating {}", dest.display()))?;
         let mut stream = got.into_stream();
         let mut n = 0u64;
         while let Some(chunk) = stream.next().await {
@@ -335,7 +328,12 @@ mod tests {
         ] {
             assert!(is_url(u), "{u}");
         }
-        for p in ["receipts/2026-11", "/tmp/s3:/x", "s3.parquet", "./https/x.jsonl"] {
+        for p in [
+            "receipts/2026-11",
+            "/tmp/s3:/x",
+            "s3.parquet",
+            "./https/x.jsonl",
+        ] {
             assert!(!is_url(p), "{p}");
         }
     }

@@ -81,7 +81,10 @@ mod tests {
                     [profile work]\nregion = eu-west-1\n[other]\naws_access_key_id = X\n";
         let d = section(text, "default");
         assert_eq!(d.get("aws_access_key_id").map(String::as_str), Some("AK"));
-        assert_eq!(d.get("aws_secret_access_key").map(String::as_str), Some("SK"));
+        assert_eq!(
+            d.get("aws_secret_access_key").map(String::as_str),
+            Some("SK")
+        );
         assert_eq!(d.len(), 2);
         let w = section(text, "profile work");
         assert_eq!(w.get("region").map(String::as_str), Some("eu-west-1"));

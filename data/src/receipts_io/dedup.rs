@@ -333,7 +333,10 @@ impl SpilledIds {
     pub fn finish(self) -> Result<Vec<Repeat>> {
         use rayon::prelude::*;
         let SpilledIds {
-            parts, mut files, dir, ..
+            parts,
+            mut files,
+            dir,
+            ..
         } = self;
         let mut found: Vec<Repeat> = parts
             .into_par_iter()
@@ -352,7 +355,10 @@ impl SpilledIds {
                 entries.sort_unstable_by_key(top);
                 let mut i = 0;
                 while i < entries.len() {
-                    let j = i + entries[i..].iter().take_while(|e| top(e) == top(&entries[i])).count();
+                    let j = i + entries[i..]
+                        .iter()
+                        .take_while(|e| top(e) == top(&entries[i]))
+                        .count();
                     if j - i > 1 {
                         entries[i..j].sort_unstable_by_key(|e| (e.id[2], e.seq));
                     }

@@ -476,6 +476,7 @@ pub(super) fn bad(file: &Arc<PathBuf>, row: u64, e: FieldError, raw: &[u8]) -> B
 }
 
 /// What one line of a JSON Lines file holds.
+#[allow(clippy::large_enum_variant)] // one per line, matched and moved once
 pub(super) enum Line {
     /// Empty or whitespace: not a record.
     Blank,

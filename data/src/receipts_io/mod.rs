@@ -30,10 +30,10 @@ use sha2::{Digest, Sha256};
 pub use dedup::{Seen, SeenIds};
 pub use line::{keel_stage_to_point, keel_validation};
 pub use outcome::OutcomePatterns;
-pub use scan::{Facts, Input, Tally, scan_unique_receipts};
 pub use parquet_io::{
     ReceiptParquetWriter, parquet_layout, receipt_schema, write_receipts_parquet,
 };
+pub use scan::{Facts, Input, Tally, scan_unique_receipts};
 
 use crate::Receipt;
 use crate::atomic::AtomicFile;

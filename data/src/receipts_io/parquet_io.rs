@@ -302,7 +302,10 @@ impl<'a> StrCol<'a> {
             DataType::LargeUtf8 => StrCol::Large(a.as_string::<i64>()),
             DataType::Utf8View => StrCol::View(a.as_string_view()),
             DataType::Dictionary(_, v)
-                if matches!(**v, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =>
+                if matches!(
+                    **v,
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                ) =>
             {
                 let d = a.as_any_dictionary();
                 if d.values().is_empty() {
@@ -718,6 +721,11 @@ pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
     ))
 }
 
+/// Called per row by [`ParquetPlan::visit_row_group`]: the row's 1-based number, its receipt or
+/// first bad field, and a way to get its bytes as the quarantine keeps them.
+pub(super) type RowVisitor<'a> =
+    dyn FnMut(u64, Result<&Receipt, FieldError>, &dyn Fn() -> Vec<u8>) -> Result<()> + 'a;
+
 /// Columns whose values repeat (names, enums, candidate ids), read as dictionaries.
 const DICTIONARY: [&str; 11] = [
     "point",
@@ -839,7 +847,7 @@ impl ParquetPlan {
         rg: usize,
         before: u64,
         patterns: &OutcomePatterns,
-        f: &mut dyn FnMut(u64, Result<&Receipt, FieldError>, &dyn Fn() -> Vec<u8>) -> Result<()>,
+        f: &mut RowVisitor<'_>,
     ) -> Result<()> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let builder =

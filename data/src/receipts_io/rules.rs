@@ -95,7 +95,10 @@ impl Flat<'_> {
         }
         set(&mut r.id, id);
         let at = self.at.ok_or_else(|| FieldError::new("at", "missing"))?;
-        if !self.at_is_timestamp && !plainly_rfc3339(at) && DateTime::parse_from_rfc3339(at).is_err() {
+        if !self.at_is_timestamp
+            && !plainly_rfc3339(at)
+            && DateTime::parse_from_rfc3339(at).is_err()
+        {
             return err("at", format!("{at:?} is not an RFC 3339 time"));
         }
         set(&mut r.at, at);
@@ -329,7 +332,11 @@ mod tests {
             assert!(plainly_rfc3339(ok), "{ok}");
             assert!(DateTime::parse_from_rfc3339(ok).is_ok(), "{ok}");
         }
-        for no in ["2026-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2026-04-31T00:00:00Z"] {
+        for no in [
+            "2026-02-29T00:00:00Z",
+            "1900-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+        ] {
             assert!(!plainly_rfc3339(no), "{no}");
         }
         let base = b"2024-02-29T23:59:59.123+05:30";
@@ -348,10 +355,15 @@ mod tests {
                     _ => s.insert(i, alphabet[rng.random_range(0..alphabet.len())]),
                 }
             }
-            let Ok(t) = std::str::from_utf8(&s) else { continue };
+            let Ok(t) = std::str::from_utf8(&s) else {
+                continue;
+            };
             if plainly_rfc3339(t) {
                 accepted += 1;
-                assert!(DateTime::parse_from_rfc3339(t).is_ok(), "{t:?} passed the fast check only");
+                assert!(
+                    DateTime::parse_from_rfc3339(t).is_ok(),
+                    "{t:?} passed the fast check only"
+                );
             }
         }
         assert!(accepted > 10_000, "{accepted} variants accepted");

@@ -98,8 +98,15 @@ fn seq(file: usize, row: u64) -> u64 {
 }
 
 enum Work {
-    RowGroup { file: usize, rg: usize },
-    Lines { file: usize, before: u64, data: Vec<u8> },
+    RowGroup {
+        file: usize,
+        rg: usize,
+    },
+    Lines {
+        file: usize,
+        before: u64,
+        data: Vec<u8>,
+    },
 }
 
 struct Piece<T> {
@@ -161,13 +168,16 @@ impl LinePieces {
     }
 }
 
+/// Called per line by [`visit_lines`]: its row number, what it holds, its bytes.
+type LineVisitor<'a> = dyn FnMut(u64, Line, &[u8]) -> Result<()> + 'a;
+
 /// Call `f` for each line of `data` (whole lines; the last may lack its newline only at the end
 /// of the file) with its row number, after `before` rows.
 fn visit_lines(
     data: &[u8],
     before: u64,
     opts: &ReadOptions,
-    f: &mut dyn FnMut(u64, Line, &[u8]) -> Result<()>,
+    f: &mut LineVisitor<'_>,
 ) -> Result<()> {
     let mut row = before;
     let mut rest = data;
@@ -224,9 +234,10 @@ fn run<T: Tally>(
                             p.tally.add(&r.point, &Facts::of(r), 1);
                             p.ids.push(IdEntry::of(r, seq(file, row)));
                         }
-                        Err(e) => p
-                            .bad
-                            .push(BadRow::from_line(names[file].clone(), row, raw(), vec![e])),
+                        Err(e) => {
+                            p.bad
+                                .push(BadRow::from_line(names[file].clone(), row, raw(), vec![e]))
+                        }
                     }
                     Ok(())
                 },
@@ -275,7 +286,11 @@ fn in_name(input: &Input) -> String {
     if input.name == input.path {
         format!("reading {}", input.path.display())
     } else {
-        format!("reading {} (fetched to {})", input.name.display(), input.path.display())
+        format!(
+            "reading {} (fetched to {})",
+            input.name.display(),
+            input.path.display()
+        )
     }
 }
 
@@ -309,7 +324,9 @@ pub(super) fn scan_with<T: Tally>(
     for input in inputs {
         let format = Format::from_path(&input.path).with_context(|| in_name(input))?;
         plans.parquet.push(match format {
-            Format::Parquet => Some(ParquetPlan::open(&input.path).with_context(|| in_name(input))?),
+            Format::Parquet => {
+                Some(ParquetPlan::open(&input.path).with_context(|| in_name(input))?)
+            }
             Format::Jsonl => None,
         });
         formats.push(format);
@@ -354,38 +371,38 @@ pub(super) fn scan_with<T: Tally>(
         });
         let mut by_shape = [0u64; 3];
         let mut pending: Vec<Work> = Vec::with_capacity(wave);
-        let mut flush = |pending: &mut Vec<Work>,
-                         s: &mut ReadSummary,
-                         by_shape: &mut [u64; 3]|
-         -> Result<()> {
-            let pieces: Vec<Result<Piece<T>>> = pending
-                .drain(..)
-                .collect::<Vec<_>>()
-                .into_par_iter()
-                .map(|w| run(w, inputs, &names, &plans, opts, new))
-                .collect();
-            for p in pieces {
-                let p = p?;
-                s.records += p.records;
-                s.torn += p.torn;
-                s.bad += p.bad.len() as u64;
-                for (a, b) in by_shape.iter_mut().zip(p.by_shape) {
-                    *a += b;
+        let mut flush =
+            |pending: &mut Vec<Work>, s: &mut ReadSummary, by_shape: &mut [u64; 3]| -> Result<()> {
+                let pieces: Vec<Result<Piece<T>>> = std::mem::take(pending)
+                    .into_par_iter()
+                    .map(|w| run(w, inputs, &names, &plans, opts, new))
+                    .collect();
+                for p in pieces {
+                    let p = p?;
+                    s.records += p.records;
+                    s.torn += p.torn;
+                    s.bad += p.bad.len() as u64;
+                    for (a, b) in by_shape.iter_mut().zip(p.by_shape) {
+                        *a += b;
+                    }
+                    for b in &p.bad {
+                        bad(b)?;
+                    }
+                    if to_fold.send((p.tally, p.ids)).is_err() {
+                        break; // the folder stopped on an error: its join says which
+                    }
+                    pb.inc(p.bytes);
                 }
-                for b in &p.bad {
-                    bad(b)?;
-                }
-                if to_fold.send((p.tally, p.ids)).is_err() {
-                    break; // the folder stopped on an error: its join says which
-                }
-                pb.inc(p.bytes);
-            }
-            Ok(())
-        };
+                Ok(())
+            };
         for (file, input) in inputs.iter().enumerate() {
             match formats[file] {
                 Format::Parquet => {
-                    let n = plans.parquet[file].as_ref().expect("planned").row_groups.len();
+                    let n = plans.parquet[file]
+                        .as_ref()
+                        .expect("planned")
+                        .row_groups
+                        .len();
                     for rg in 0..n {
                         pending.push(Work::RowGroup { file, rg });
                         if pending.len() >= wave {
@@ -394,8 +411,8 @@ pub(super) fn scan_with<T: Tally>(
                     }
                 }
                 Format::Jsonl => {
-                    let mut pieces =
-                        LinePieces::open(&input.path, line_bytes).with_context(|| in_name(input))?;
+                    let mut pieces = LinePieces::open(&input.path, line_bytes)
+                        .with_context(|| in_name(input))?;
                     while let Some((before, data)) = pieces.next(&input.path)? {
                         pending.push(Work::Lines { file, before, data });
                         if pending.len() >= wave {
@@ -407,13 +424,21 @@ pub(super) fn scan_with<T: Tally>(
         }
         flush(&mut pending, &mut s, &mut by_shape)?;
 
-        drop(flush);
         drop(to_fold);
         let (mut tally, ids) = folder.join().expect("the folding thread does not panic")?;
         let repeats = ids.finish()?;
         take_back(
-            &repeats, inputs, &names, &plans, &formats, opts, &mut tally, &mut s, &mut by_shape,
-            bad, line_bytes,
+            &repeats,
+            inputs,
+            &names,
+            &plans,
+            &formats,
+            opts,
+            &mut tally,
+            &mut s,
+            &mut by_shape,
+            bad,
+            line_bytes,
         )?;
         [s.contract, s.keel, s.parquet] = by_shape;
         pb.finish_and_clear();
@@ -465,30 +490,31 @@ fn take_back<T: Tally>(
                 .ok()
                 .map(|i| here[i].1)
         };
-        let mut take = |row: u64, r: &Receipt, shape: Shape, raw: &dyn Fn() -> Vec<u8>| -> Result<()> {
-            let Some(role) = role_at(row) else {
-                return Ok(());
+        let mut take =
+            |row: u64, r: &Receipt, shape: Shape, raw: &dyn Fn() -> Vec<u8>| -> Result<()> {
+                let Some(role) = role_at(row) else {
+                    return Ok(());
+                };
+                let h = body_hash64(r, &mut buf);
+                let Some(first) = role else {
+                    firsts.insert(seq(file, row), h);
+                    return Ok(());
+                };
+                tally.add(&r.point, &Facts::of(r), -1);
+                by_shape[shape_index(shape)] -= 1;
+                if firsts.get(&first) == Some(&h) {
+                    s.duplicates += 1;
+                } else {
+                    s.bad += 1;
+                    bad(&BadRow::from_line(
+                        names[file].clone(),
+                        row,
+                        raw(),
+                        vec![conflict_error(r)],
+                    ))?;
+                }
+                Ok(())
             };
-            let h = body_hash64(r, &mut buf);
-            let Some(first) = role else {
-                firsts.insert(seq(file, row), h);
-                return Ok(());
-            };
-            tally.add(&r.point, &Facts::of(r), -1);
-            by_shape[shape_index(shape)] -= 1;
-            if firsts.get(&first) == Some(&h) {
-                s.duplicates += 1;
-            } else {
-                s.bad += 1;
-                bad(&BadRow::from_line(
-                    names[file].clone(),
-                    row,
-                    raw(),
-                    vec![conflict_error(r)],
-                ))?;
-            }
-            Ok(())
-        };
         let input = &inputs[file];
         match formats[file] {
             Format::Parquet => {
@@ -500,12 +526,18 @@ fn take_back<T: Tally>(
                     if !touched {
                         continue;
                     }
-                    plan.visit_row_group(&input.path, rg, before, &opts.outcome, &mut |row, item, raw| {
-                        if let Ok(r) = item {
-                            take(row, r, Shape::Parquet, raw)?;
-                        }
-                        Ok(())
-                    })
+                    plan.visit_row_group(
+                        &input.path,
+                        rg,
+                        before,
+                        &opts.outcome,
+                        &mut |row, item, raw| {
+                            if let Ok(r) = item {
+                                take(row, r, Shape::Parquet, raw)?;
+                            }
+                            Ok(())
+                        },
+                    )
                     .with_context(|| in_name(input))?;
                 }
             }

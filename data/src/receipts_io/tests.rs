@@ -668,7 +668,10 @@ fn the_parallel_scan_counts_what_the_sequential_read_counts() {
     let again = dir.path().join("again.jsonl");
     let changed = MIXED
         .replace("\"confidence\":0.93", "\"confidence\":0.94")
-        .replace("\"fallback\":\"selector abstained\"", "\"fallback\":\"other\"");
+        .replace(
+            "\"fallback\":\"selector abstained\"",
+            "\"fallback\":\"other\"",
+        );
     fs::write(&again, format!("{changed}{{\"id\":\"torn")).unwrap();
     // the sample as Parquet in row groups of three rows, given twice
     let whole = dir.path().join("whole.parquet");
@@ -695,7 +698,11 @@ fn the_parallel_scan_counts_what_the_sequential_read_counts() {
         match item {
             Ok(r) => want.add(&r.point, &Facts::of(r), 1),
             Err(b) => {
-                let key = (b.file.display().to_string(), b.row, b.errors[0].field.clone());
+                let key = (
+                    b.file.display().to_string(),
+                    b.row,
+                    b.errors[0].field.clone(),
+                );
                 if b.errors[0].reason.contains("different body") {
                     conflicts.push(key);
                 } else {
@@ -706,7 +713,10 @@ fn the_parallel_scan_counts_what_the_sequential_read_counts() {
         Ok(())
     })
     .unwrap();
-    assert!(want_s.duplicates > 10 && conflicts.len() == 2, "{want_s:?} {conflicts:?}");
+    assert!(
+        want_s.duplicates > 10 && conflicts.len() == 2,
+        "{want_s:?} {conflicts:?}"
+    );
     assert_eq!(want_s.torn, 1);
     want_bad.extend(conflicts);
     let want = want.nonzero();
@@ -725,7 +735,11 @@ fn the_parallel_scan_counts_what_the_sequential_read_counts() {
                     &opts,
                     &Multiset::default,
                     &mut |b| {
-                        got_bad.push((b.file.display().to_string(), b.row, b.errors[0].field.clone()));
+                        got_bad.push((
+                            b.file.display().to_string(),
+                            b.row,
+                            b.errors[0].field.clone(),
+                        ));
                         Ok(())
                     },
                     dedup::SpilledIds::with_buffer(per_part),
@@ -733,7 +747,8 @@ fn the_parallel_scan_counts_what_the_sequential_read_counts() {
                 )
             })
             .unwrap();
-        let case = format!("{threads} threads, {per_part} ids per partition, {line_bytes} B pieces");
+        let case =
+            format!("{threads} threads, {per_part} ids per partition, {line_bytes} B pieces");
         assert_eq!(got.nonzero(), want, "{case}");
         assert_eq!(s, want_s, "{case}");
         assert_eq!(got_bad, want_bad, "{case}");
