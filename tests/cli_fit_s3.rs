@@ -316,6 +316,28 @@ fn out_as_a_url_is_put_and_never_replaces_another_writer_s() {
         &env,
         home,
     ));
+    // --previous may be a URL too: the refit compares with the thresholds in the bucket
+    let next = s.url("w/out/thresholds-next.json");
+    let o = ok(decision(
+        &[
+            "fit",
+            "--receipts",
+            &input,
+            "--config",
+            &cfg,
+            "--out",
+            &next,
+            "--previous",
+            &out,
+        ],
+        &env,
+        home,
+    ));
+    assert!(
+        text(&o).contains(&format!("compared with {out}")),
+        "{}",
+        text(&o)
+    );
     // --out may not name an input
     let o = decision(
         &[
