@@ -2,8 +2,9 @@
 //! few MiB of whole lines of a JSON Lines file, is a piece of work for a thread of its own. Each
 //! piece reads its rows through the same rules as [`super::for_each_receipt`] (Parquet rows
 //! through `Flat::fill`, lines through `line::parse_line`), counts its valid receipts into a
-//! [`Tally`] of its own and keeps its bad rows; pieces finish in input order, in waves of a few
-//! per thread, so memory is bounded by the pieces in flight, never by the input.
+//! [`Tally`] of its own and keeps its bad rows. At most two pieces per thread are in flight; they
+//! finish in any order and are taken in input order (the quarantine's), so no thread waits for
+//! another and memory is bounded by the pieces in flight, never by the input.
 //!
 //! Each receipt id counts once, as in [`super::for_each_unique_receipt`], but that is settled
 //! at the end: every valid receipt's [`IdEntry`] (its id's hash and place) goes into the spilled
@@ -19,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use super::dedup::{IdEntry, Repeat, SpilledIds, body_hash64, conflict_error};
@@ -194,6 +194,102 @@ fn visit_lines(
     Ok(())
 }
 
+/// The pieces of work of a scan, in input order: each Parquet row group, and each piece of whole
+/// lines of a JSON Lines file (read here, in order, as the scan asks for them).
+struct WorkSource<'a> {
+    inputs: &'a [Input],
+    formats: &'a [Format],
+    plans: &'a Plans,
+    line_bytes: usize,
+    file: usize,
+    rg: usize,
+    lines: Option<LinePieces>,
+}
+
+impl<'a> WorkSource<'a> {
+    fn new(
+        inputs: &'a [Input],
+        formats: &'a [Format],
+        plans: &'a Plans,
+        line_bytes: usize,
+    ) -> Self {
+        WorkSource {
+            inputs,
+            formats,
+            plans,
+            line_bytes,
+            file: 0,
+            rg: 0,
+            lines: None,
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Work>> {
+        while self.file < self.inputs.len() {
+            let (file, input) = (self.file, &self.inputs[self.file]);
+            match self.formats[file] {
+                Format::Parquet => {
+                    let n = self.plans.parquet[file]
+                        .as_ref()
+                        .expect("planned")
+                        .row_groups
+                        .len();
+                    if self.rg < n {
+                        self.rg += 1;
+                        return Ok(Some(Work::RowGroup {
+                            file,
+                            rg: self.rg - 1,
+                        }));
+                    }
+                }
+                Format::Jsonl => {
+                    if self.lines.is_none() {
+                        self.lines = Some(
+                            LinePieces::open(&input.path, self.line_bytes)
+                                .with_context(|| in_name(input))?,
+                        );
+                    }
+                    let pieces = self.lines.as_mut().expect("opened above");
+                    if let Some((before, data)) = pieces.next(&input.path)? {
+                        return Ok(Some(Work::Lines { file, before, data }));
+                    }
+                    self.lines = None;
+                }
+            }
+            self.file += 1;
+            self.rg = 0;
+        }
+        Ok(None)
+    }
+}
+
+/// The next finished piece. On a thread of the pool itself (the scan run inside
+/// `ThreadPool::install`) waiting must not block the worker the pieces need: it runs pending
+/// jobs meanwhile.
+fn next_done<P>(rx: &std::sync::mpsc::Receiver<P>) -> P {
+    use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+    loop {
+        match rx.try_recv() {
+            Ok(p) => return p,
+            Err(TryRecvError::Disconnected) => unreachable!("the scan holds a sender"),
+            Err(TryRecvError::Empty) => {}
+        }
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => {}
+            None => return rx.recv().expect("the scan holds a sender"),
+            Some(rayon::Yield::Idle) => {
+                match rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                    Ok(p) => return p,
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        unreachable!("the scan holds a sender")
+                    }
+                }
+            }
+        }
+    }
+}
+
 struct Plans {
     parquet: Vec<Option<ParquetPlan>>,
 }
@@ -344,7 +440,7 @@ pub(super) fn scan_with<T: Tally>(
         files: inputs.iter().map(|i| i.name.clone()).collect(),
         ..ReadSummary::default()
     };
-    let wave = 2 * rayon::current_num_threads().max(1);
+    let window = 2 * rayon::current_num_threads().max(1);
 
     std::thread::scope(|scope| -> Result<(T, ReadSummary)> {
         // The inputs' SHA-256, on a thread of its own while the pieces are read.
@@ -358,7 +454,7 @@ pub(super) fn scan_with<T: Tally>(
         });
 
         // Tallies and ids are folded in on a thread of their own while the next wave is read.
-        let (to_fold, folding) = std::sync::mpsc::sync_channel::<(T, Vec<IdEntry>)>(wave);
+        let (to_fold, folding) = std::sync::mpsc::sync_channel::<(T, Vec<IdEntry>)>(window);
         let folder = scope.spawn(move || -> Result<(T, SpilledIds)> {
             let mut tally = new();
             for (t, entries) in folding {
@@ -370,14 +466,37 @@ pub(super) fn scan_with<T: Tally>(
             Ok((tally, ids))
         });
         let mut by_shape = [0u64; 3];
-        let mut pending: Vec<Work> = Vec::with_capacity(wave);
-        let mut flush =
-            |pending: &mut Vec<Work>, s: &mut ReadSummary, by_shape: &mut [u64; 3]| -> Result<()> {
-                let pieces: Vec<Result<Piece<T>>> = std::mem::take(pending)
-                    .into_par_iter()
-                    .map(|w| run(w, inputs, &names, &plans, opts, new))
-                    .collect();
-                for p in pieces {
+        // Pieces run as rayon jobs, at most `window` at a time; they finish in any order and
+        // are taken in input order (the quarantine's order), so no thread waits for a wave.
+        let mut source = WorkSource::new(inputs, &formats, &plans, line_bytes);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, Result<Piece<T>>)>();
+        let (names, plans) = (&names, &plans);
+        rayon::in_place_scope(|jobs| -> Result<()> {
+            let mut finished: std::collections::BTreeMap<usize, Result<Piece<T>>> =
+                std::collections::BTreeMap::new();
+            let (mut started, mut taken) = (0usize, 0usize);
+            let mut more = true;
+            loop {
+                while more && started - taken < window {
+                    match source.next()? {
+                        Some(w) => {
+                            let tx = done_tx.clone();
+                            let k = started;
+                            jobs.spawn(move |_| {
+                                let _ = tx.send((k, run(w, inputs, names, plans, opts, new)));
+                            });
+                            started += 1;
+                        }
+                        None => more = false,
+                    }
+                }
+                if taken == started {
+                    return Ok(());
+                }
+                let (k, piece) = next_done(&done_rx);
+                finished.insert(k, piece);
+                while let Some(p) = finished.remove(&taken) {
+                    taken += 1;
                     let p = p?;
                     s.records += p.records;
                     s.torn += p.torn;
@@ -389,40 +508,13 @@ pub(super) fn scan_with<T: Tally>(
                         bad(b)?;
                     }
                     if to_fold.send((p.tally, p.ids)).is_err() {
-                        break; // the folder stopped on an error: its join says which
+                        // the folder stopped on an error: its join says which
+                        more = false;
                     }
                     pb.inc(p.bytes);
                 }
-                Ok(())
-            };
-        for (file, input) in inputs.iter().enumerate() {
-            match formats[file] {
-                Format::Parquet => {
-                    let n = plans.parquet[file]
-                        .as_ref()
-                        .expect("planned")
-                        .row_groups
-                        .len();
-                    for rg in 0..n {
-                        pending.push(Work::RowGroup { file, rg });
-                        if pending.len() >= wave {
-                            flush(&mut pending, &mut s, &mut by_shape)?;
-                        }
-                    }
-                }
-                Format::Jsonl => {
-                    let mut pieces = LinePieces::open(&input.path, line_bytes)
-                        .with_context(|| in_name(input))?;
-                    while let Some((before, data)) = pieces.next(&input.path)? {
-                        pending.push(Work::Lines { file, before, data });
-                        if pending.len() >= wave {
-                            flush(&mut pending, &mut s, &mut by_shape)?;
-                        }
-                    }
-                }
             }
-        }
-        flush(&mut pending, &mut s, &mut by_shape)?;
+        })?;
 
         drop(to_fold);
         let (mut tally, ids) = folder.join().expect("the folding thread does not panic")?;
@@ -430,8 +522,8 @@ pub(super) fn scan_with<T: Tally>(
         take_back(
             &repeats,
             inputs,
-            &names,
-            &plans,
+            names,
+            plans,
             &formats,
             opts,
             &mut tally,
