@@ -487,6 +487,15 @@ pub(super) enum Line {
     Bad(FieldError),
 }
 
+/// Say that a torn last line ([`Line::Torn`], `len` bytes) was skipped.
+pub(super) fn warn_torn(file: &std::path::Path, row: u64, len: usize) {
+    eprintln!(
+        "warning: {}: row {row}: skipped a torn last line ({len} bytes, no newline, not JSON): \
+         the writer was interrupted",
+        file.display()
+    );
+}
+
 /// Read line `row` (1-based, without its `\n`; `complete` when it had one). Returns the line's
 /// bytes as the quarantine keeps them (a first line's byte-order mark dropped) and what it holds.
 pub(super) fn eval_line<'a>(

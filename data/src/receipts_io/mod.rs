@@ -79,6 +79,17 @@ pub struct ReadSummary {
     pub parquet: u64,
 }
 
+impl ReadSummary {
+    /// The count of good records of this shape.
+    fn good_mut(&mut self, shape: Shape) -> &mut u64 {
+        match shape {
+            Shape::Contract => &mut self.contract,
+            Shape::Keel => &mut self.keel,
+            Shape::Parquet => &mut self.parquet,
+        }
+    }
+}
+
 /// The files behind `paths`: folders become their shards (`.parquet`, `.jsonl`, `.json`, name
 /// order, hidden files skipped); an unknown extension is an error. (The states reader's rule.)
 pub fn receipt_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
@@ -179,21 +190,13 @@ fn read_all(
                         line::Line::Blank => {}
                         line::Line::Torn => {
                             s.torn += 1;
-                            eprintln!(
-                                "warning: {}: row {row}: skipped a torn last line ({} bytes, no \
-                                 newline, not JSON): the writer was interrupted",
-                                path.display(),
-                                raw.len()
-                            );
+                            line::warn_torn(path, row, raw.len());
                         }
                         line::Line::Good(r, shape) => {
                             s.records += 1;
                             match seen.as_deref_mut().map_or(Seen::New, |d| d.check(&r)) {
                                 Seen::New => {
-                                    match shape {
-                                        Shape::Keel => s.keel += 1,
-                                        _ => s.contract += 1,
-                                    }
+                                    *s.good_mut(shape) += 1;
                                     f(Ok(&r))?;
                                 }
                                 Seen::Duplicate => s.duplicates += 1,

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::dedup::{IdEntry, Repeat, SpilledIds, body_hash64, conflict_error};
-use super::line::{Line, eval_line};
+use super::line::{Line, eval_line, warn_torn};
 use super::parquet_io::ParquetPlan;
 use super::{ReadOptions, ReadSummary, Shape, hex_lower};
 use crate::states_io::{BadRow, Format};
@@ -113,18 +113,9 @@ struct Piece<T> {
     tally: T,
     bad: Vec<BadRow>,
     ids: Vec<IdEntry>,
-    records: u64,
-    torn: u64,
-    by_shape: [u64; 3],
+    /// Its records, torn lines and good records by shape (bad ones are `bad`).
+    counts: ReadSummary,
     bytes: u64,
-}
-
-fn shape_index(s: Shape) -> usize {
-    match s {
-        Shape::Contract => 0,
-        Shape::Keel => 1,
-        Shape::Parquet => 2,
-    }
 }
 
 /// Reads a JSON Lines file in pieces of whole lines.
@@ -198,7 +189,6 @@ fn visit_lines(
 /// lines of a JSON Lines file (read here, in order, as the scan asks for them).
 struct WorkSource<'a> {
     inputs: &'a [Input],
-    formats: &'a [Format],
     plans: &'a Plans,
     line_bytes: usize,
     file: usize,
@@ -207,15 +197,9 @@ struct WorkSource<'a> {
 }
 
 impl<'a> WorkSource<'a> {
-    fn new(
-        inputs: &'a [Input],
-        formats: &'a [Format],
-        plans: &'a Plans,
-        line_bytes: usize,
-    ) -> Self {
+    fn new(inputs: &'a [Input], plans: &'a Plans, line_bytes: usize) -> Self {
         WorkSource {
             inputs,
-            formats,
             plans,
             line_bytes,
             file: 0,
@@ -227,14 +211,9 @@ impl<'a> WorkSource<'a> {
     fn next(&mut self) -> Result<Option<Work>> {
         while self.file < self.inputs.len() {
             let (file, input) = (self.file, &self.inputs[self.file]);
-            match self.formats[file] {
-                Format::Parquet => {
-                    let n = self.plans.parquet[file]
-                        .as_ref()
-                        .expect("planned")
-                        .row_groups
-                        .len();
-                    if self.rg < n {
+            match &self.plans[file] {
+                Some(plan) => {
+                    if self.rg < plan.row_groups.len() {
                         self.rg += 1;
                         return Ok(Some(Work::RowGroup {
                             file,
@@ -242,7 +221,7 @@ impl<'a> WorkSource<'a> {
                         }));
                     }
                 }
-                Format::Jsonl => {
+                None => {
                     if self.lines.is_none() {
                         self.lines = Some(
                             LinePieces::open(&input.path, self.line_bytes)
@@ -290,9 +269,8 @@ fn next_done<P>(rx: &std::sync::mpsc::Receiver<P>) -> P {
     }
 }
 
-struct Plans {
-    parquet: Vec<Option<ParquetPlan>>,
-}
+/// Per input, its Parquet plan; `None` for JSON Lines.
+type Plans = [Option<ParquetPlan>];
 
 fn run<T: Tally>(
     w: Work,
@@ -306,14 +284,12 @@ fn run<T: Tally>(
         tally: new(),
         bad: Vec::new(),
         ids: Vec::new(),
-        records: 0,
-        torn: 0,
-        by_shape: [0; 3],
+        counts: ReadSummary::default(),
         bytes: 0,
     };
     match w {
         Work::RowGroup { file, rg } => {
-            let plan = plans.parquet[file].as_ref().expect("planned");
+            let plan = plans[file].as_ref().expect("a Parquet file's plan");
             let (before, rows, bytes) = plan.row_groups[rg];
             p.bytes = bytes;
             p.ids.reserve(rows.min(1 << 20) as usize);
@@ -323,10 +299,10 @@ fn run<T: Tally>(
                 before,
                 &opts.outcome,
                 &mut |row, item, raw| {
-                    p.records += 1;
+                    p.counts.records += 1;
                     match item {
                         Ok(r) => {
-                            p.by_shape[shape_index(Shape::Parquet)] += 1;
+                            p.counts.parquet += 1;
                             p.tally.add(&r.point, &Facts::of(r), 1);
                             p.ids.push(IdEntry::of(r, seq(file, row)));
                         }
@@ -346,22 +322,17 @@ fn run<T: Tally>(
                 match item {
                     Line::Blank => {}
                     Line::Torn => {
-                        p.torn += 1;
-                        eprintln!(
-                            "warning: {}: row {row}: skipped a torn last line ({} bytes, no newline, \
-                             not JSON): the writer was interrupted",
-                            names[file].display(),
-                            raw.len()
-                        );
+                        p.counts.torn += 1;
+                        warn_torn(&names[file], row, raw.len());
                     }
                     Line::Good(r, shape) => {
-                        p.records += 1;
-                        p.by_shape[shape_index(shape)] += 1;
+                        p.counts.records += 1;
+                        *p.counts.good_mut(shape) += 1;
                         p.tally.add(&r.point, &Facts::of(&r), 1);
                         p.ids.push(IdEntry::of(&r, seq(file, row)));
                     }
                     Line::Bad(e) => {
-                        p.records += 1;
+                        p.counts.records += 1;
                         p.bad.push(BadRow::from_line(
                             names[file].clone(),
                             row,
@@ -413,20 +384,17 @@ pub(super) fn scan_with<T: Tally>(
     line_bytes: usize,
 ) -> Result<(T, ReadSummary)> {
     let names: Vec<Arc<PathBuf>> = inputs.iter().map(|i| Arc::new(i.name.clone())).collect();
-    let mut plans = Plans {
-        parquet: Vec::with_capacity(inputs.len()),
-    };
-    let mut formats = Vec::with_capacity(inputs.len());
-    for input in inputs {
-        let format = Format::from_path(&input.path).with_context(|| in_name(input))?;
-        plans.parquet.push(match format {
-            Format::Parquet => {
-                Some(ParquetPlan::open(&input.path).with_context(|| in_name(input))?)
-            }
-            Format::Jsonl => None,
-        });
-        formats.push(format);
-    }
+    let plans: Vec<Option<ParquetPlan>> = inputs
+        .iter()
+        .map(
+            |input| match Format::from_path(&input.path).with_context(|| in_name(input))? {
+                Format::Parquet => Ok(Some(
+                    ParquetPlan::open(&input.path).with_context(|| in_name(input))?,
+                )),
+                Format::Jsonl => Ok(None),
+            },
+        )
+        .collect::<Result<_>>()?;
     let total: u64 = inputs
         .iter()
         .map(|i| fs::metadata(&i.path).map(|m| m.len()).unwrap_or(0))
@@ -465,10 +433,9 @@ pub(super) fn scan_with<T: Tally>(
             }
             Ok((tally, ids))
         });
-        let mut by_shape = [0u64; 3];
         // Pieces run as rayon jobs, at most `window` at a time; they finish in any order and
         // are taken in input order (the quarantine's order), so no thread waits for a wave.
-        let mut source = WorkSource::new(inputs, &formats, &plans, line_bytes);
+        let mut source = WorkSource::new(inputs, &plans, line_bytes);
         let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, Result<Piece<T>>)>();
         let (names, plans) = (&names, &plans);
         rayon::in_place_scope(|jobs| -> Result<()> {
@@ -498,12 +465,12 @@ pub(super) fn scan_with<T: Tally>(
                 while let Some(p) = finished.remove(&taken) {
                     taken += 1;
                     let p = p?;
-                    s.records += p.records;
-                    s.torn += p.torn;
+                    s.records += p.counts.records;
+                    s.torn += p.counts.torn;
                     s.bad += p.bad.len() as u64;
-                    for (a, b) in by_shape.iter_mut().zip(p.by_shape) {
-                        *a += b;
-                    }
+                    s.contract += p.counts.contract;
+                    s.keel += p.counts.keel;
+                    s.parquet += p.counts.parquet;
                     for b in &p.bad {
                         bad(b)?;
                     }
@@ -520,19 +487,8 @@ pub(super) fn scan_with<T: Tally>(
         let (mut tally, ids) = folder.join().expect("the folding thread does not panic")?;
         let repeats = ids.finish()?;
         take_back(
-            &repeats,
-            inputs,
-            names,
-            plans,
-            &formats,
-            opts,
-            &mut tally,
-            &mut s,
-            &mut by_shape,
-            bad,
-            line_bytes,
+            &repeats, inputs, names, plans, opts, &mut tally, &mut s, bad, line_bytes,
         )?;
-        [s.contract, s.keel, s.parquet] = by_shape;
         pb.finish_and_clear();
         s.sha256 = hashing.join().expect("the hashing thread does not panic")?;
         Ok((tally, s))
@@ -549,11 +505,9 @@ fn take_back<T: Tally>(
     inputs: &[Input],
     names: &[Arc<PathBuf>],
     plans: &Plans,
-    formats: &[Format],
     opts: &ReadOptions,
     tally: &mut T,
     s: &mut ReadSummary,
-    by_shape: &mut [u64; 3],
     bad: &mut dyn FnMut(&BadRow) -> Result<()>,
     line_bytes: usize,
 ) -> Result<()> {
@@ -593,7 +547,7 @@ fn take_back<T: Tally>(
                     return Ok(());
                 };
                 tally.add(&r.point, &Facts::of(r), -1);
-                by_shape[shape_index(shape)] -= 1;
+                *s.good_mut(shape) -= 1;
                 if firsts.get(&first) == Some(&h) {
                     s.duplicates += 1;
                 } else {
@@ -608,9 +562,8 @@ fn take_back<T: Tally>(
                 Ok(())
             };
         let input = &inputs[file];
-        match formats[file] {
-            Format::Parquet => {
-                let plan = plans.parquet[file].as_ref().expect("planned");
+        match &plans[file] {
+            Some(plan) => {
                 for (rg, &(before, rows, _)) in plan.row_groups.iter().enumerate() {
                     let touched = here
                         .iter()
@@ -633,7 +586,7 @@ fn take_back<T: Tally>(
                     .with_context(|| in_name(input))?;
                 }
             }
-            Format::Jsonl => {
+            None => {
                 let mut pieces =
                     LinePieces::open(&input.path, line_bytes).with_context(|| in_name(input))?;
                 let last = row_of(here[here.len() - 1].0);
