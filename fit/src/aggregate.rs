@@ -147,10 +147,6 @@ impl PointAgg {
         &self.bucketing
     }
 
-    pub fn add(&mut self, r: &Receipt) {
-        self.add_facts(&Facts::of(r), 1);
-    }
-
     /// Count one record (`w` = 1) or take one back (`w` = -1).
     pub fn add_facts(&mut self, f: &Facts, w: i64) {
         let c = &mut self.counts;
@@ -307,8 +303,7 @@ impl Aggregate {
     }
 
     pub fn add(&mut self, r: &Receipt) {
-        self.records += 1;
-        self.point_mut(&r.point).add(r);
+        Tally::add(self, &r.point, &Facts::of(r), 1);
     }
 
     pub fn add_bad(&mut self) {

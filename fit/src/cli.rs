@@ -72,23 +72,30 @@ pub(crate) fn quarantine_path(out: &Path) -> PathBuf {
 ///
 /// `--receipts`, `--previous` and `--out` may be object-store URLs (`remote.rs`).
 pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
-    // A bad config is refused before any input is looked at (fit_inputs reads it again).
-    FitConfig::load(&args.config)?;
+    // Everything that can be refused is refused before a receipt is read, the config before
+    // any input is even looked at.
+    let config = FitConfig::load(&args.config)?;
     if crate::remote::any_url(args) {
-        return crate::remote::fit(args);
+        return crate::remote::fit(args, config);
     }
-    if let Some(p) = &args.previous {
-        Previous::read(p)?;
-    }
+    let previous = args.previous.as_deref().map(Previous::read).transpose()?;
     let files = receipt_files(&args.receipts)?;
-    fit_inputs(args, files.into_iter().map(Input::local).collect())
+    fit_inputs(
+        args,
+        config,
+        previous,
+        files.into_iter().map(Input::local).collect(),
+    )
 }
 
-/// [`fit`] of these inputs (local files, under their own or their URLs' names).
-pub(crate) fn fit_inputs(args: &FitArgs, inputs: Vec<Input>) -> Result<FitOutcome> {
-    // Everything that can be refused is refused before a receipt is read.
-    let config = FitConfig::load(&args.config)?;
-    let previous = args.previous.as_deref().map(Previous::read).transpose()?;
+/// [`fit`] of these inputs (local files, under their own or their URLs' names), with the config
+/// and the previous thresholds already read.
+pub(crate) fn fit_inputs(
+    args: &FitArgs,
+    config: FitConfig,
+    previous: Option<Previous>,
+    inputs: Vec<Input>,
+) -> Result<FitOutcome> {
     let files: Vec<PathBuf> = inputs.iter().map(|i| i.path.clone()).collect();
     let quarantine = quarantine_path(&args.out);
     let errors_file = decision_data::quarantine::errors_path(&quarantine);

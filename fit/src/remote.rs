@@ -14,6 +14,8 @@ use decision_data::states_io::Format;
 use decision_store::{Store, Version, is_url};
 
 use crate::cli::{FitArgs, FitOutcome, fit_inputs, quarantine_path};
+use crate::config::FitConfig;
+use crate::drift::Previous;
 
 /// Objects fetched at once.
 const FETCH_PARALLEL: usize = 8;
@@ -44,7 +46,7 @@ fn file_name(url: &str) -> &str {
         .unwrap_or("object")
 }
 
-pub(crate) fn fit(args: &FitArgs) -> Result<FitOutcome> {
+pub(crate) fn fit(args: &FitArgs, config: FitConfig) -> Result<FitOutcome> {
     if let Some(r) = &args.report
         && url_of(r).is_some()
     {
@@ -135,7 +137,8 @@ pub(crate) fn fit(args: &FitArgs) -> Result<FitOutcome> {
         previous,
         report: args.report.clone(),
     };
-    let mut outcome = fit_inputs(&local, inputs)?;
+    let previous = local.previous.as_deref().map(Previous::read).transpose()?;
+    let mut outcome = fit_inputs(&local, config, previous, inputs)?;
     for (url, path, version) in &uploads {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         store.put(url, bytes, version)?;
