@@ -183,6 +183,17 @@ fn config() -> String {
         .to_string()
 }
 
+/// No fetched object, id partition or staged output left in `home` (the runs' TMPDIR).
+fn assert_no_temporaries(home: &Path) {
+    let left: Vec<_> = std::fs::read_dir(home)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("decision-") || n.starts_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
 /// thresholds.json without its `fitted_at` line.
 fn without_time(s: &str) -> String {
     s.lines()
@@ -270,13 +281,7 @@ fn a_prefix_in_s3_fits_byte_for_byte_like_the_same_files_on_disk() {
     }
     assert_eq!(errors, q("out-s3", "thresholds.quarantine.errors.jsonl"));
     assert!(errors.contains(&urls[0]) && errors.contains(&urls[1]));
-    let left: Vec<_> = std::fs::read_dir(home)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("decision-"))
-        .collect();
-    assert!(left.is_empty(), "temporary files left: {left:?}");
+    assert_no_temporaries(home);
 }
 
 #[test]
@@ -565,12 +570,5 @@ fn a_connection_dropped_mid_object_is_resumed_once_and_an_error_when_it_keeps_dr
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&url), "{}", text(&o));
     assert!(!home.join("out").exists(), "nothing is written");
-    let left: Vec<_> = std::fs::read_dir(home)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("decision-") || n.starts_with(".tmp"))
-        .collect();
-    assert!(left.is_empty(), "temporary files left: {left:?}");
-    eprintln!("{}", text(&o));
+    assert_no_temporaries(home);
 }

@@ -66,7 +66,7 @@ pub(crate) fn fit(args: &FitArgs, config: FitConfig) -> Result<FitOutcome> {
     let uploads: Vec<(String, PathBuf, Version)> = match &out_url {
         None => Vec::new(),
         Some(url) => {
-            if file_name(url).is_empty() || url.ends_with('/') {
+            if url.ends_with('/') {
                 bail!("--out {url}: name the thresholds object, e.g. {url}thresholds.json");
             }
             let local = tmp.path().join("out").join(file_name(url));

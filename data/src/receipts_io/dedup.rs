@@ -146,12 +146,6 @@ fn encode_body(r: &Receipt, buf: &mut Vec<u8>) {
     put_opt(buf, r.observed_outcome.as_deref());
 }
 
-/// 32 bits of the hash of `r`'s body (`buf` is scratch space).
-fn body_hash(r: &Receipt, buf: &mut Vec<u8>) -> u32 {
-    encode_body(r, buf);
-    XxHash64::oneshot(1, buf) as u32
-}
-
 impl SeenIds {
     pub fn new() -> SeenIds {
         SeenIds::default()
@@ -159,7 +153,8 @@ impl SeenIds {
 
     /// Record `r`'s id; say whether it was seen before and, if so, with the same body.
     pub fn check(&mut self, r: &Receipt) -> Seen {
-        let body = body_hash(r, &mut self.buf);
+        // 32 bits of the body's hash are kept per id
+        let body = body_hash64(r, &mut self.buf) as u32;
         match self.map.entry(id_key(&r.id)) {
             Entry::Vacant(e) => {
                 e.insert(body);
@@ -204,8 +199,8 @@ impl SeenIds {
     }
 }
 
-/// 64 bits of the hash of `r`'s body (`buf` is scratch space): how a parallel read tells a
-/// duplicate from a conflict once it knows which records repeat an id.
+/// 64 bits of the hash of `r`'s body (`buf` is scratch space): how a read tells a duplicate from
+/// a conflict ([`SeenIds`] keeps 32 of them per id; the parallel read compares all 64).
 pub(super) fn body_hash64(r: &Receipt, buf: &mut Vec<u8>) -> u64 {
     encode_body(r, buf);
     XxHash64::oneshot(2, buf)

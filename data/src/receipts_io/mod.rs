@@ -30,9 +30,7 @@ use sha2::{Digest, Sha256};
 pub use dedup::{Seen, SeenIds};
 pub use line::{keel_stage_to_point, keel_validation};
 pub use outcome::OutcomePatterns;
-pub use parquet_io::{
-    ReceiptParquetWriter, parquet_layout, receipt_schema, write_receipts_parquet,
-};
+pub use parquet_io::{ReceiptParquetWriter, receipt_schema, write_receipts_parquet};
 pub use scan::{Facts, Input, Tally, scan_unique_receipts};
 
 use crate::Receipt;
@@ -228,7 +226,8 @@ fn read_all(
             }
             Format::Parquet => {
                 let size = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-                let (_, nrows) = parquet_layout(path)?;
+                let plan = parquet_io::ParquetPlan::open(path)?;
+                let nrows = plan.claimed_rows();
                 let mut done = 0u64;
                 let mut tick = |k: u64| {
                     let before = size * done / nrows.max(1);
@@ -238,6 +237,7 @@ fn read_all(
                 let mut good = 0u64;
                 let read = parquet_io::read_parquet(
                     path,
+                    &plan,
                     &opts.outcome,
                     seen.as_deref_mut(),
                     &mut tick,

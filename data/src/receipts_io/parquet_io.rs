@@ -708,19 +708,6 @@ pub(super) fn empty_receipt() -> Receipt {
     }
 }
 
-/// Number of row groups and rows of a receipts Parquet file.
-pub fn parquet_layout(path: &Path) -> Result<(usize, u64)> {
-    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let b = guard_parquet(|| ParquetRecordBatchReaderBuilder::try_new(f))
-        .and_then(|r| Ok(r?))
-        .with_context(|| format!("reading {} as Parquet", path.display()))?;
-    let md = b.metadata();
-    Ok((
-        md.num_row_groups(),
-        md.file_metadata().num_rows().max(0) as u64,
-    ))
-}
-
 /// Called per row by [`ParquetPlan::visit_row_group`]: the row's 1-based number, its receipt or
 /// first bad field, and a way to get its bytes as the quarantine keeps them.
 pub(super) type RowVisitor<'a> =
@@ -896,6 +883,7 @@ pub(super) struct ParquetRead {
 /// whose id was read before is dropped (same body) or bad (another body), see [`SeenIds`].
 pub(super) fn read_parquet(
     path: &Path,
+    plan: &ParquetPlan,
     patterns: &OutcomePatterns,
     mut seen: Option<&mut SeenIds>,
     progress: &mut dyn FnMut(u64),
@@ -903,7 +891,6 @@ pub(super) fn read_parquet(
 ) -> Result<ParquetRead> {
     let shared_path = Arc::new(path.to_path_buf());
     let file_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let plan = ParquetPlan::open(path)?;
     // The footer's row count is the file's claim, not a fact: a corrupt one claiming 2^40 rows
     // asked for a 37 TB table (found with `decision-fuzz receipts-parquet`). No more than one id
     // per byte of the file is reserved up front; the table grows past that if it must.
