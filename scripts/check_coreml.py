@@ -16,8 +16,9 @@ Core ML itself runs on Apple platforms only; this checks everything that can be 
                        unknown parameters, wrong declared output types and unreadable blobs fail here
   explicit_parameters  every op binds every parameter of its iOS 18 definition, optional ones too
   values               each sample state (as given, and again left-padded) is evaluated op by op with
-                       coremltools' value inference (numpy only for ops that have none); each value
-                       must have its declared type
+                       coremltools' value inference (numpy only for ops that have none, and for large
+                       linear / matmul products, in fp32: see --products); each value must have its
+                       declared type. With --budget, a large model evaluates fewer states (see there)
   parity               option_probs match the reference's within the tolerance, with the same pick
 
 Samples: JSON Lines with input_ids, option_token_ids, probs (and optionally attention_mask,
@@ -37,9 +38,11 @@ Example:
 
 import argparse
 import json
+import mmap
 import os
 import struct
 import sys
+import time
 import warnings
 
 SPEC_VERSION = 9
@@ -132,7 +135,8 @@ def check_weights(spec, weights_dir):
     path = os.path.join(weights_dir, "weight.bin")
     require(os.path.isfile(path), "weights", f"{path} is missing")
     with open(path, "rb") as f:
-        data = f.read()
+        # Mapped, not read: a 4B model's weight.bin is 8 GB, and only the records are looked at.
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
     require(len(data) >= 64, "weights", "weight.bin is shorter than its 64-byte header")
     count, version = struct.unpack_from("<II", data, 0)
     require(version == 2, "weights", f"storage version {version}, expected 2")
@@ -233,12 +237,54 @@ def numpy_fallback(op_type, kwargs):
     return None
 
 
-class Evaluator:
-    """Evaluates a program's main function with coremltools' value inference, op by op."""
+# Products at least this large (multiply-adds) are computed by numpy in fp32 under `--products
+# auto`: coremltools' value inference multiplies fp16 arrays in numpy's fp16 loops, which have no
+# BLAS and run at about 1 GFLOPS, so a 0.6B model's check took hours. Below it, coremltools'.
+F32_PRODUCTS_ABOVE = 1 << 22
 
-    def __init__(self, prog):
+
+def f32_product(op_type, kwargs):
+    """linear / matmul as iOS 18 defines them, in fp32 (BLAS), rounded to the input's dtype."""
+    import numpy as np
+
+    if op_type == "linear":
+        x, w, b = kwargs["x"], kwargs["weight"], kwargs.get("bias")
+        y = np.matmul(x.astype(np.float32), w.astype(np.float32).T)
+        if b is not None:
+            y += b.astype(np.float32)
+        return y.astype(x.dtype)
+    x, y = kwargs["x"], kwargs["y"]
+    a, b = x.astype(np.float32), y.astype(np.float32)
+    if bool(kwargs.get("transpose_x", False)):
+        a = np.swapaxes(a, -1, -2)
+    if bool(kwargs.get("transpose_y", False)):
+        b = np.swapaxes(b, -1, -2)
+    return np.matmul(a, b).astype(np.result_type(x.dtype, y.dtype))
+
+
+def product_size(op_type, kwargs):
+    """Multiply-adds of a linear / matmul (0 for any other op)."""
+    import numpy as np
+
+    if op_type == "linear":
+        return int(np.prod(kwargs["x"].shape[:-1])) * int(kwargs["weight"].size)
+    if op_type == "matmul":
+        x, y = kwargs["x"], kwargs["y"]
+        k = x.shape[-2] if bool(kwargs.get("transpose_x", False)) else x.shape[-1]
+        return int(x.size) * int(y.size) // max(1, k * int(np.prod(y.shape[:-2])))
+    return 0
+
+
+class Evaluator:
+    """Evaluates a program's main function with coremltools' value inference, op by op (large
+    products in numpy fp32, see F32_PRODUCTS_ABOVE)."""
+
+    def __init__(self, prog, products="auto"):
         self.func = prog.functions["main"]
+        self.products = products
         self.fallbacks = set()
+        self.f32_products = 0
+        self.other_ops = 0
 
     def evaluate_op(self, op, env):
         import numpy as np
@@ -252,6 +298,11 @@ class Evaluator:
                 kwargs[param] = [env[v.name] for v in var]
             else:
                 kwargs[param] = env[var.name]
+        if op.op_type in ("linear", "matmul") and self.products != "coremltools" and (
+                self.products == "f32" or product_size(op.op_type, kwargs) >= F32_PRODUCTS_ABOVE):
+            self.f32_products += 1
+            return [np.asarray(f32_product(op.op_type, kwargs))]
+        self.other_ops += 1
         with Function({}, opset_version=AvailableTarget.iOS18):
             out = getattr(mb, op.op_type)(**kwargs)
         outs = out if isinstance(out, (list, tuple)) else [out]
@@ -328,15 +379,47 @@ def read_samples(path, model_temperature):
     return samples
 
 
-def check_values(prog, samples, tolerance, pad, pad_id):
+def weights_per_token(prog):
+    """Multiply-adds per token of the program's linear layers (their weights' element count)."""
+    total = 0
+    for op in prog.functions["main"].operations:
+        if op.op_type == "linear":
+            w = op.inputs["weight"].val
+            total += 0 if w is None else int(w.size)
+    return total
+
+
+def plan_evaluations(samples, pad, per_token, budget):
+    """Which samples to evaluate, and which of them again left-padded: all of them, twice, when
+    that costs at most `budget` multiply-adds (0: no limit). Otherwise the first sample twice, then
+    the others as given, in order, each that still fits (at least two samples in all)."""
+    cost = [per_token * len(s["ids"]) for s in samples]
+    twice = 2 if pad > 0 else 1
+    if budget <= 0 or sum(cost) * twice <= budget:
+        return [(i, pad > 0) for i in range(len(samples))], False
+    plan, spent = [(0, pad > 0)], cost[0] * twice
+    for i in range(1, len(samples)):
+        if spent + cost[i] <= budget or len(plan) < 2:
+            plan.append((i, False))
+            spent += cost[i]
+    return plan, True
+
+
+def check_values(prog, samples, tolerance, pad, pad_id, products="auto", budget=0):
     import numpy as np
 
-    ev = Evaluator(prog)
+    started = time.time()
+    ev = Evaluator(prog, products)
+    per_token = weights_per_token(prog)
+    plan, limited = plan_evaluations(samples, pad, per_token, budget)
     max_dp, max_dl, runs, mismatches, ties = 0.0, 0.0, 0, 0, 0
     worst = None
-    for s in samples:
+    lengths = []
+    for i, padded in plan:
+        s = samples[i]
+        lengths.append(len(s["ids"]))
         variants = [("as given", s["ids"], s["mask"])]
-        if pad > 0:
+        if padded:
             variants.append((f"left-padded by {pad}", np.concatenate([np.full(pad, pad_id, np.int32), s["ids"]]),
                              np.concatenate([np.zeros(pad, np.int32), s["mask"]])))
         for label, ids, mask in variants:
@@ -355,7 +438,12 @@ def check_values(prog, samples, tolerance, pad, pad_id):
             elif int(np.argmax(probs[0])) != int(np.argmax(s["probs"])):
                 mismatches += 1
     return {"samples": runs, "max_abs_dp": max_dp, "max_abs_dlogit": max_dl, "worst": worst,
-            "pick_mismatches": mismatches, "near_ties": ties, "numpy_fallbacks": sorted(ev.fallbacks)}
+            "pick_mismatches": mismatches, "near_ties": ties, "numpy_fallbacks": sorted(ev.fallbacks),
+            "states_given": len(samples), "states_checked": len(plan),
+            "padded": sum(1 for _, p in plan if p), "tokens": [min(lengths), max(lengths)],
+            "budget_limited": limited, "budget": budget, "macs_per_token": per_token,
+            "products": products, "f32_products": ev.f32_products, "other_ops": ev.other_ops,
+            "values_seconds": time.time() - started}
 
 
 def check_package(pkg, args):
@@ -397,7 +485,7 @@ def check_package(pkg, args):
         report["tolerance"] = tolerance
         temperature = float(meta["temperature"]) if "temperature" in meta else None
         samples = read_samples(args.samples, temperature)
-        figures = check_values(prog, samples, tolerance, args.pad, args.pad_id)
+        figures = check_values(prog, samples, tolerance, args.pad, args.pad_id, args.products, args.budget)
         report.update(figures)
         report["steps"].append("values")
         require(figures["max_abs_dp"] <= tolerance and figures["pick_mismatches"] == 0, "parity",
@@ -422,6 +510,14 @@ def main():
     ap.add_argument("--tolerance", type=float, help="max |Δp| allowed (default: 2e-3 for fp16 weights, 1e-4 for fp32)")
     ap.add_argument("--pad", type=int, default=3, help="also run each sample left-padded by this many tokens (0: off)")
     ap.add_argument("--pad-id", type=int, default=0, help="token id used for the padding")
+    ap.add_argument("--products", choices=["auto", "f32", "coremltools"], default="auto",
+                    help="how linear / matmul ops are evaluated: coremltools' value inference (numpy in the "
+                         "ops' own dtype), numpy in fp32 rounded to the ops' dtype, or auto: fp32 for products "
+                         f"of at least {F32_PRODUCTS_ABOVE} multiply-adds (default)")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="at most about this many multiply-adds of linear layers over all evaluations (0: no "
+                         "limit): past it, only the first sample is also run left-padded and later samples are "
+                         "skipped while they do not fit (two at least)")
     ap.add_argument("--report", help="write the report (JSON; a list when several packages) here; it is always printed too")
     args = ap.parse_args()
 

@@ -523,18 +523,21 @@ fn export_coreml(
                 &interpreter,
                 &files.package,
                 &samples,
-                Some(tolerance),
-                reference.pad_id,
+                coreml_check::CheckArgs {
+                    tolerance: Some(tolerance),
+                    pad_id: reference.pad_id,
+                    budget: coreml_check::EXPORT_BUDGET,
+                    products: coreml_check::Products::Auto,
+                },
             )?;
             report.ensure()?;
             let dp = report.max_abs_dp.unwrap_or(f64::NAN);
             lines.push(format!(
-                "parity    {} vs {}: {} evaluations of {} samples from {} (as given and left-padded), \
-                 max |Δp| {:.2e} (tolerance {:.0e}), picks agree",
+                "parity    {} vs {}: {} (samples from {}), max |Δp| {:.2e} (tolerance {:.0e}), \
+                 picks agree",
                 report.runtime,
                 reference.recorded.describe(),
-                report.samples,
-                samples.len(),
+                report.describe_values(),
                 reference.samples_from,
                 dp,
                 tolerance
@@ -548,6 +551,13 @@ fn export_coreml(
                 "dtype": dtype.name(),
                 "samples": report.samples,
                 "samples_from": reference.samples_from,
+                "what": report.describe_values(),
+                "states_given": report.states_given,
+                "states_checked": report.states_checked,
+                "padded": report.padded,
+                "tokens": report.tokens,
+                "budget": report.budget,
+                "budget_limited": report.budget_limited,
                 "max_abs_dp": report.max_abs_dp,
                 "max_abs_dlogit": report.max_abs_dlogit,
                 "tolerance": tolerance,
@@ -555,6 +565,7 @@ fn export_coreml(
                 "near_ties": report.near_ties,
                 "steps": report.steps,
                 "numpy_fallbacks": report.numpy_fallbacks,
+                "f32_products": report.f32_products,
                 "passed": true,
             }));
         }

@@ -343,7 +343,7 @@ fn coremltools_rebuilds_the_program_and_reproduces_burn() {
             .collect();
         let refs: Vec<&Path> = pkgs.iter().map(PathBuf::as_path).collect();
         // No tolerance given: the script picks it from the package's weight type.
-        let reports = check::run_checks(&py, &refs, &samples, None, 0).unwrap();
+        let reports = check::run_checks(&py, &refs, &samples, check::CheckArgs::default()).unwrap();
         assert_eq!(reports.len(), pkgs.len());
         for ((dtype, r), pkg) in dtypes.iter().zip(&reports).zip(&pkgs) {
             assert_eq!(Path::new(&r.package), pkg.as_path());
@@ -372,11 +372,61 @@ fn coremltools_rebuilds_the_program_and_reproduces_burn() {
             assert_eq!(r.pick_mismatches, 0);
             // Only silu lacks a value inference in coremltools 9.
             assert_eq!(r.numpy_fallbacks, ["silu"]);
+            // At this size every product is under the fp32 threshold: all coremltools'.
+            assert_eq!((r.f32_products, r.states_checked, r.padded), (0, 10, 10));
+            assert!(!r.budget_limited);
         }
         // fp16 weights really are fp16: the fp32 package agrees far more closely.
         assert!(reports[1].max_abs_dp < reports[0].max_abs_dp, "{reports:?}");
     }
     eprintln!("{}", lines.join("\n"));
+}
+
+/// The path a large model's check takes: every linear / matmul in numpy fp32, and a budget that
+/// leaves states out. It must reach the same verdict as coremltools' own value inference, and
+/// check what it says it checked.
+#[test]
+fn fp32_products_and_a_budget_check_fewer_states_to_the_same_tolerance() {
+    let Some(py) = python("fp32_products_and_a_budget_check_fewer_states_to_the_same_tolerance")
+    else {
+        return;
+    };
+    let samples = burn_samples("gqa3");
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = write_coreml(&graph("gqa3", DType::F16), opts(), dir.path())
+        .unwrap()
+        .package;
+    let full = check::CheckArgs {
+        products: check::Products::F32,
+        ..Default::default()
+    };
+    let r = check::run_check(&py, &pkg, &samples, full).unwrap();
+    assert!(r.passed, "{r:?}");
+    assert_eq!(r.steps, STEPS);
+    assert!(r.max_abs_dp.unwrap() <= parity::tolerance(DType::F16) as f64);
+    assert_eq!((r.states_checked, r.padded, r.samples), (10, 10, 20));
+    // 2 layers x 7 projections (attention is one scaled_dot_product_attention op), and the
+    // option logits, per evaluation.
+    assert_eq!(r.f32_products, 20 * (2 * 7 + 1), "{r:?}");
+    assert!(r.other_ops > 0);
+    assert!(r.macs_per_token > 0);
+
+    // A budget for the first state twice and exactly two more.
+    let len = |i: usize| samples[i].input_ids.len() as f64;
+    let budget = r.macs_per_token as f64 * (2.0 * len(0) + len(1) + len(2));
+    let limited = check::CheckArgs { budget, ..full };
+    let b = check::run_check(&py, &pkg, &samples, limited).unwrap();
+    assert!(b.passed, "{b:?}");
+    assert!(b.budget_limited);
+    assert_eq!(b.padded, 1);
+    assert_eq!(b.states_checked, 3, "{b:?}");
+    assert_eq!(b.samples, b.states_checked + 1);
+    let what = b.describe_values();
+    assert!(
+        what.contains(&format!("{} of 10 sample states", b.states_checked)),
+        "{what}"
+    );
+    assert!(what.contains("left-padded; the budget"), "{what}");
 }
 
 #[test]
@@ -462,8 +512,11 @@ fn the_check_rejects_broken_packages() {
 
     let pkgs = [&sentinel, &shape, &param, &implicit, &intact];
     let refs: Vec<&Path> = pkgs.iter().map(|p| p.as_path()).collect();
-    let reports =
-        check::run_checks(&py, &refs, &samples, Some(parity::tolerance(DType::F16)), 0).unwrap();
+    let args = check::CheckArgs {
+        tolerance: Some(parity::tolerance(DType::F16)),
+        ..Default::default()
+    };
+    let reports = check::run_checks(&py, &refs, &samples, args).unwrap();
     let expect = [
         ("weights", "sentinel 0xdeadbe00"),
         ("milproto", "Mismatch between var types"),

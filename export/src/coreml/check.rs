@@ -177,9 +177,72 @@ pub struct CheckReport {
     /// Ops evaluated with numpy because coremltools has no value inference for them.
     #[serde(default)]
     pub numpy_fallbacks: Vec<String>,
+    /// Sample states given, and how many of them were evaluated (fewer under a budget).
+    #[serde(default)]
+    pub states_given: usize,
+    #[serde(default)]
+    pub states_checked: usize,
+    /// States also evaluated left-padded.
+    #[serde(default)]
+    pub padded: usize,
+    /// Shortest and longest state evaluated, in tokens.
+    #[serde(default)]
+    pub tokens: Vec<usize>,
+    /// The budget given (multiply-adds; 0: none), and whether it left states out.
+    #[serde(default)]
+    pub budget: f64,
+    #[serde(default)]
+    pub budget_limited: bool,
+    /// Multiply-adds per token of the linear layers.
+    #[serde(default)]
+    pub macs_per_token: u64,
+    /// Products evaluated by numpy in fp32, and the other ops by coremltools' value inference.
+    #[serde(default)]
+    pub f32_products: usize,
+    #[serde(default)]
+    pub other_ops: usize,
+    /// Seconds the value step took.
+    #[serde(default)]
+    pub values_seconds: f64,
 }
 
 impl CheckReport {
+    /// What the value check evaluated, in words (for the summary and `verified_with`).
+    pub fn describe_values(&self) -> String {
+        let tokens = match self.tokens.as_slice() {
+            [a, b] if a == b => format!("{a} tokens"),
+            [a, b] => format!("{a}-{b} tokens"),
+            _ => "? tokens".into(),
+        };
+        let left_out = if self.budget_limited {
+            format!(
+                "; the budget of {:.1e} multiply-adds ({} per token) left {} out",
+                self.budget,
+                self.macs_per_token,
+                self.states_given - self.states_checked
+            )
+        } else {
+            String::new()
+        };
+        let fallbacks = if self.numpy_fallbacks.is_empty() {
+            String::new()
+        } else {
+            format!(", {} by numpy", self.numpy_fallbacks.join(", "))
+        };
+        format!(
+            "{} of {} sample states ({tokens}) evaluated op by op, {} of them also left-padded{left_out}: \
+             {} evaluations in {:.0} s; {} linear / matmul ops by numpy in fp32 rounded to their dtype, \
+             {} other ops by coremltools' value inference{fallbacks}",
+            self.states_checked,
+            self.states_given,
+            self.padded,
+            self.samples,
+            self.values_seconds,
+            self.f32_products,
+            self.other_ops,
+        )
+    }
+
     /// An error naming the failed step (and, for parity, by how much it missed).
     pub fn ensure(&self) -> Result<()> {
         if self.passed {
@@ -200,29 +263,67 @@ impl CheckReport {
     }
 }
 
-/// Run the check script on `package` with `samples` and the `tolerance` on max |Δp|; `pad_id` is
-/// the token the script left-pads each sample with for its second evaluation. Returns the script's
-/// report (passed or not); an error only when the script could not report at all.
+/// How the script evaluates `linear` / `matmul` (its `--products`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Products {
+    /// numpy in fp32 for products of 2^22 multiply-adds and more, coremltools' value inference
+    /// (numpy in the op's own dtype, fp16 without BLAS) below.
+    #[default]
+    Auto,
+    /// numpy in fp32 for every product, rounded to the op's dtype.
+    F32,
+    /// coremltools' value inference for every product.
+    Coremltools,
+}
+
+impl Products {
+    fn arg(self) -> &'static str {
+        match self {
+            Products::Auto => "auto",
+            Products::F32 => "f32",
+            Products::Coremltools => "coremltools",
+        }
+    }
+}
+
+/// The multiply-adds of linear layers the export's check evaluates at most. All sample states,
+/// each also left-padded, fit under it up to about the Qwen3-0.6B size; past it the script
+/// checks fewer and says how many (at the 4B shape: 10 of 27 probe states, 6 minutes on two busy
+/// cores).
+pub const EXPORT_BUDGET: f64 = 2.5e12;
+
+/// The script's settings besides the package and the samples.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CheckArgs {
+    /// Max |Δp| allowed; `None` lets each package's weight type decide (2e-3 for fp16, 1e-4 for
+    /// fp32, as [`crate::parity::tolerance`]).
+    pub tolerance: Option<f32>,
+    /// The token the script left-pads a sample with for its second evaluation.
+    pub pad_id: u32,
+    /// At most about this many multiply-adds of linear layers over all evaluations (0: no limit).
+    pub budget: f64,
+    pub products: Products,
+}
+
+/// Run the check script on `package` with `samples`. Returns the script's report (passed or
+/// not); an error only when the script could not report at all.
 pub fn run_check(
     interpreter: &Path,
     package: &Path,
     samples: &[CheckSample],
-    tolerance: Option<f32>,
-    pad_id: u32,
+    args: CheckArgs,
 ) -> Result<CheckReport> {
-    let mut reports = run_checks(interpreter, &[package], samples, tolerance, pad_id)?;
+    let mut reports = run_checks(interpreter, &[package], samples, args)?;
     Ok(reports.remove(0))
 }
 
 /// [`run_check`] for several packages in one Python process (coremltools takes seconds to
-/// import); one report per package, in order. `tolerance: None` lets each package's weight type
-/// decide (2e-3 for fp16, 1e-4 for fp32, as [`crate::parity::tolerance`]).
+/// import); one report per package, in order.
 pub fn run_checks(
     interpreter: &Path,
     packages: &[&Path],
     samples: &[CheckSample],
-    tolerance: Option<f32>,
-    pad_id: u32,
+    args: CheckArgs,
 ) -> Result<Vec<CheckReport>> {
     if packages.is_empty() {
         return Ok(Vec::new());
@@ -245,11 +346,15 @@ pub fn run_checks(
         .arg("--samples")
         .arg(&samples_path)
         .arg("--pad-id")
-        .arg(pad_id.to_string())
+        .arg(args.pad_id.to_string())
+        .arg("--products")
+        .arg(args.products.arg())
+        .arg("--budget")
+        .arg(args.budget.to_string())
         .arg("--report")
         .arg(&report_path)
         .env("PYTHONWARNINGS", "ignore");
-    if let Some(t) = tolerance {
+    if let Some(t) = args.tolerance {
         cmd.arg("--tolerance").arg(t.to_string());
     }
     let out = cmd
