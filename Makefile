@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker
+.PHONY: all build demo test fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker gpu-check-prepare
 
 all: test
 
@@ -96,8 +96,24 @@ bench-export: build $(call venv,export,EXPORT_PYTHON)
 ## ratios, beside `--plan`. Python: bench-train's venv (scripts/requirements-train.txt) unless
 ## SCALE_PYTHON or TRAIN_PYTHON names one. About 40 minutes on 2 cores.
 bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,TRAIN_PYTHON))
-	$(CARGO) build -p decision-train --example random_qwen3
+	$(CARGO) build --workspace --example random_qwen3
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
+
+## gpu-check-prepare: what scripts/gpu-check.sh carries to a GPU machine, into bench-out/gpu-check/
+## (about 30 MB): the decision binary stripped and xz-compressed, the 4B shape's checkpoint without
+## weights (config, tokenizer, decision.json, 10 states of about 2048 tokens), and the Vulkan
+## loader's .deb (apt-get download). Then, there: scripts/gpu-check.sh
+GPU_CHECK := bench-out/gpu-check
+gpu-check-prepare:
+	$(CARGO) build --workspace --bin decision --example random_qwen3
+	rm -rf $(GPU_CHECK)/skeleton
+	target/debug/examples/random_qwen3 --config configs/shapes/qwen3-4b.json --no-weights \
+		--out $(GPU_CHECK)/skeleton/model-2048 --tokenizer tests/fixtures/export/tiny/tokenizer.json \
+		--states 10 --tokens 2048
+	strip -o $(GPU_CHECK)/decision $(BIN)
+	xz -T0 -6 -f $(GPU_CHECK)/decision
+	cd $(GPU_CHECK) && rm -f libvulkan1_*.deb && apt-get download libvulkan1
+	du -sh $(GPU_CHECK)
 
 ## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives
 ## it: start-up to the ready line, p50 / p95 per decision over 200 keel-shaped requests, on the worker

@@ -22,6 +22,13 @@ native bf16 (AVX2 only, as this project's 2-core machine: 0.4-0.7 GFLOPS in bf16
 f32) would take over an hour per step in bf16, so there the peer runs f32 (its base then takes
 twice the memory of ours, which the RSS ratio shows), and the table says which it ran.
 Requirements: scripts/requirements-train.txt.
+
+On a GPU machine (scripts/gpu-check.sh): `--backend wgpu` runs ours on wgpu / Vulkan,
+`--peer-device cuda` the peer on CUDA, and peak memory is then the GPU's, polled with nvidia-smi
+for both sides alike (torch's own max_memory_allocated is recorded beside it). `--skeleton DIR`
+takes DIR/model-TOKENS/ checkpoints without weights (`random_qwen3 --no-weights`) and gives them
+random bf16 weights with transformers (on the GPU when there is one), so nothing large is carried.
+`--ours-dtype bf16,f16` tries the dtypes in order until our backend takes one.
 """
 import argparse
 import json
@@ -37,15 +44,52 @@ TOKENIZER = "tests/fixtures/export/tiny/tokenizer.json"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def run_measured(cmd, env=None):
-    """Run `cmd`, return (seconds, max RSS in MiB, stdout)."""
+class GpuMemory:
+    """Peak device memory in use (MiB, all processes, less what was in use before) while it is
+    entered: nvidia-smi polled every 0.1 s, so both sides are measured the same way."""
+
+    def __init__(self, enabled):
+        self.enabled, self.peak, self.base = enabled, 0.0, 0.0
+
+    @staticmethod
+    def used():
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True).stdout
+        return float(out.split()[0])
+
+    def __enter__(self):
+        if self.enabled:
+            import threading
+            self.base = self.used()
+            self.stop = threading.Event()
+
+            def poll():
+                while not self.stop.wait(0.1):
+                    self.peak = max(self.peak, self.used() - self.base)
+            self.thread = threading.Thread(target=poll, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.stop.set()
+            self.thread.join()
+
+
+def run_measured(cmd, env=None, gpu=False, check=True):
+    """Run `cmd`, return (seconds, max RSS in MiB, stdout, peak device MiB or None); with
+    check=False a failure returns None for the seconds instead of exiting."""
     t = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
-    out = p.stdout.read()
-    _, status, usage = os.wait4(p.pid, 0)
+    with GpuMemory(gpu) as mem:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if not check else None,
+                             env=env, text=True)
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
+        if not check:
+            return None, 0.0, out, None
         sys.exit(f"failed: {' '.join(map(str, cmd))}\n{out}")
-    return time.time() - t, usage.ru_maxrss / 1024.0, out
+    return time.time() - t, usage.ru_maxrss / 1024.0, out, (mem.peak if gpu else None)
 
 
 RUN_CONFIG = """
@@ -77,7 +121,8 @@ weight_decay = 0.0
 mode = "lora"
 max_steps = {steps}
 batch_size = {batch}
-dtype = "bf16"
+dtype = "{dtype}"
+backend = "{backend}"
 recompute = true
 log_every = 1
 eval_every = 0
@@ -123,7 +168,8 @@ def torch_worker(args):
     states = [json.loads(l) for l in open(args.states)]
     data = encode_states(model_dir, states)
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.torch_dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    dev = torch.device(args.peer_device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(dev)
     model.gradient_checkpointing_enable()
     model.enable_input_require_grads()
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
@@ -153,6 +199,10 @@ def torch_worker(args):
         for i, (_, opts, ans) in enumerate(batch):
             absent[i, len(opts):] = -1e9
             onehot[i, ans] = 1.0
+        tokens = int(mask.sum())
+        ids, mask, positions = ids.to(dev), mask.to(dev), positions.to(dev)
+        absent, onehot = absent.to(dev), onehot.to(dev)
+        labels = labels.to(dev)
         t = time.time()
         hidden = base.model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state[:, -1]
         logits = (hidden @ head[labels].T).float() + absent
@@ -163,9 +213,32 @@ def torch_worker(args):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        tps.append(int(mask.sum()) / (time.time() - t))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        tps.append(tokens / (time.time() - t))
         print(f"torch step {step + 1}: {tps[-1]:.1f} tokens/s", file=sys.stderr)
-    json.dump({"tokens_per_s": statistics.median(tps[1:]), "threads": torch.get_num_threads()}, open(args.result, "w"))
+    result = {"tokens_per_s": statistics.median(tps[1:]), "threads": torch.get_num_threads()}
+    if dev.type == "cuda":
+        result["max_memory_allocated_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        result["device_name"] = torch.cuda.get_device_name()
+    json.dump(result, open(args.result, "w"))
+
+
+def torch_weights(model_dir):
+    """Random bf16 weights for the checkpoint in `model_dir` (its config.json), by transformers'
+    own initialisation, on the GPU when there is one: model.safetensors, one file."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(model_dir)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(model_dir, max_shard_size="1000GB")
+    del model
+    if dev == "cuda":
+        torch.cuda.empty_cache()
 
 
 def torch_matmul_gflops():
@@ -184,7 +257,7 @@ def torch_matmul_gflops():
 
 
 def plan_total_gib(decision, config):
-    _, _, out = run_measured([decision, "train", "--config", str(config), "--plan"])
+    _, _, out, _ = run_measured([decision, "train", "--config", str(config), "--plan"])
     line = next(l for l in out.splitlines() if l.strip().startswith("total"))
     return float(line.split()[-2])
 
@@ -203,10 +276,22 @@ def main():
     ap.add_argument("--batch", type=int)
     ap.add_argument("--result")
     ap.add_argument("--torch-dtype", choices=["auto", "bf16", "f32"], default="auto")
+    ap.add_argument("--backend", choices=["cpu", "wgpu"], default="cpu", help="our side's backend")
+    ap.add_argument("--ours-dtype", default="bf16",
+                    help="our base's dtype; several, comma-separated, are tried in order until the backend "
+                         "takes one (wgpu has no bf16 on every adapter)")
+    ap.add_argument("--peer-device", choices=["cpu", "cuda"], default="cpu",
+                    help="the peer's device; with cuda, peak memory is the GPU's (nvidia-smi) on both sides")
+    ap.add_argument("--skeleton",
+                    help="a folder of model-TOKENS/ checkpoints without weights (random_qwen3 --no-weights): "
+                         "copied, and given random bf16 weights by transformers instead of --make-model")
     args = ap.parse_args()
     if args.torch_worker:
         return torch_worker(args)
-    gflops = torch_matmul_gflops()
+    gpu = args.peer_device == "cuda"
+    gflops = torch_matmul_gflops() if not gpu else {"bf16": float("nan"), "f32": float("nan")}
+    if gpu and args.torch_dtype == "auto":
+        args.torch_dtype = "bf16"
     if args.torch_dtype == "auto":
         args.torch_dtype = "bf16" if gflops["bf16"] * 4 >= gflops["f32"] else "f32"
     print(f"torch matmul 1024^3: bf16 {gflops['bf16']:.1f} GFLOPS, f32 {gflops['f32']:.1f} GFLOPS; "
@@ -218,42 +303,70 @@ def main():
         batch, tokens = map(int, w.split("x"))
         model = out / f"model-{tokens}"
         if not (model / "model.safetensors").exists():
-            subprocess.run([args.make_model, "--config", args.shape, "--dtype", "bf16", "--out", str(model),
-                            "--tokenizer", TOKENIZER, "--states", str(8 * batch + 2), "--tokens", str(tokens)],
-                           check=True)
+            if args.skeleton:
+                import shutil
+                shutil.copytree(pathlib.Path(args.skeleton) / f"model-{tokens}", model, dirs_exist_ok=True)
+                t = time.time()
+                torch_weights(model)
+                print(f"{model}: random bf16 weights by transformers in {time.time() - t:.0f} s", file=sys.stderr)
+            else:
+                subprocess.run([args.make_model, "--config", args.shape, "--dtype", "bf16", "--out", str(model),
+                                "--tokenizer", TOKENIZER, "--states", str(8 * batch + 2), "--tokens", str(tokens)],
+                               check=True)
             lines = open(model / "states.jsonl").read().splitlines()
             (model / "train.jsonl").write_text("\n".join(lines[:-2]) + "\n")
             (model / "valid.jsonl").write_text("\n".join(lines[-2:]) + "\n")
-        cfg = out / f"run-{w}.toml"
-        cfg.write_text(RUN_CONFIG.format(model=model.resolve(), states=(model / "train.jsonl").resolve(),
-                                         valid=(model / "valid.jsonl").resolve(), max_tokens=tokens + 256,
-                                         targets=json.dumps(TARGETS), steps=args.steps, batch=batch))
-        run_dir = out / f"ours-{w}"
-        if run_dir.exists():
-            import shutil
-            shutil.rmtree(run_dir)
-        plan = plan_total_gib(args.decision, cfg)
-        secs, rss, _ = run_measured([args.decision, "train", "--config", str(cfg), "--out", str(run_dir)])
-        r = {"ours_tokens_per_s": rust_tokens_per_s(run_dir), "ours_peak_rss_mib": rss, "ours_wall_s": secs,
-             "ours_plan_gib": plan}
+        r = None
+        for dtype in args.ours_dtype.split(","):
+            cfg = out / f"run-{w}.toml"
+            cfg.write_text(RUN_CONFIG.format(model=model.resolve(), states=(model / "train.jsonl").resolve(),
+                                             valid=(model / "valid.jsonl").resolve(), max_tokens=tokens + 256,
+                                             targets=json.dumps(TARGETS), steps=args.steps, batch=batch,
+                                             dtype=dtype, backend=args.backend))
+            run_dir = out / f"ours-{w}"
+            if run_dir.exists():
+                import shutil
+                shutil.rmtree(run_dir)
+            plan = plan_total_gib(args.decision, cfg)
+            secs, rss, text, dev_mib = run_measured([args.decision, "train", "--config", str(cfg), "--out",
+                                                     str(run_dir)], gpu=gpu, check=False)
+            sys.stderr.write(text)
+            if secs is not None:
+                r = {"ours_tokens_per_s": rust_tokens_per_s(run_dir), "ours_peak_rss_mib": rss, "ours_wall_s": secs,
+                     "ours_plan_gib": plan, "ours_dtype": dtype, "ours_backend": args.backend,
+                     "ours_peak_device_mib": dev_mib}
+                break
+            print(f"ours ({args.backend}, {dtype}) failed; {'trying the next dtype' if dtype != args.ours_dtype.split(',')[-1] else 'no dtype left'}",
+                  file=sys.stderr)
+        if r is None:
+            sys.exit(f"our side failed at {w} with every dtype of --ours-dtype {args.ours_dtype}")
         res = out / f"torch-{w}.json"
-        secs, rss, _ = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(model),
-                                     "--states", str(model / "train.jsonl"), "--steps", str(args.steps),
-                                     "--batch", str(batch), "--result", str(res),
-                                     "--torch-dtype", args.torch_dtype])
+        secs, rss, _, dev_mib = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(model),
+                                              "--states", str(model / "train.jsonl"), "--steps", str(args.steps),
+                                              "--batch", str(batch), "--result", str(res),
+                                              "--torch-dtype", args.torch_dtype, "--peer-device", args.peer_device],
+                                             gpu=gpu)
         t = json.load(open(res))
         r.update(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_wall_s=secs,
-                 torch_threads=t["threads"], torch_dtype=args.torch_dtype, torch_matmul_gflops=gflops)
+                 torch_threads=t["threads"], torch_dtype=args.torch_dtype, torch_matmul_gflops=gflops,
+                 torch_device=args.peer_device, torch_peak_device_mib=dev_mib,
+                 torch_max_memory_allocated_mib=t.get("max_memory_allocated_mib"), device_name=t.get("device_name"))
         r["tokens_per_s_ratio"] = r["ours_tokens_per_s"] / r["torch_tokens_per_s"]
         r["peak_rss_ratio"] = r["ours_peak_rss_mib"] / r["torch_peak_rss_mib"]
+        if gpu:
+            r["peak_device_ratio"] = r["ours_peak_device_mib"] / r["torch_peak_device_mib"]
         results[w] = r
         json.dump(results, open(out / "bench-scale.json", "w"), indent=1)
-    print(f"peer: PyTorch {args.torch_dtype} base (matmul bf16 {gflops['bf16']:.1f} / f32 {gflops['f32']:.1f} GFLOPS)")
-    print(f"{'micro-batch':<12} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours MiB':>9} "
+    mem = "device" if gpu else "rss"
+    print(f"peer: PyTorch {args.torch_dtype} base on {args.peer_device}"
+          + ("" if gpu else f" (matmul bf16 {gflops['bf16']:.1f} / f32 {gflops['f32']:.1f} GFLOPS)")
+          + f"; ours: {args.backend}; memory: peak {'GPU memory in use (nvidia-smi)' if gpu else 'RSS'}")
+    print(f"{'micro-batch':<12} {'dtype':>5} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours MiB':>9} "
           f"{'torch MiB':>10} {'ratio':>6} {'plan MiB':>9}")
     for w, r in results.items():
-        print(f"{w:<12} {r['ours_tokens_per_s']:>10.1f} {r['torch_tokens_per_s']:>11.1f} {r['tokens_per_s_ratio']:>6.2f} "
-              f"{r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f} {r['peak_rss_ratio']:>6.2f} "
+        ours_mib, torch_mib = r[f"ours_peak_{mem}_mib"], r[f"torch_peak_{mem}_mib"]
+        print(f"{w:<12} {r['ours_dtype']:>5} {r['ours_tokens_per_s']:>10.1f} {r['torch_tokens_per_s']:>11.1f} "
+              f"{r['tokens_per_s_ratio']:>6.2f} {ours_mib:>9.0f} {torch_mib:>10.0f} {ours_mib / torch_mib:>6.2f} "
               f"{r['ours_plan_gib'] * 1024:>9.0f}")
 
 

@@ -11,7 +11,9 @@
 //! (`model.safetensors`, one file) and never held in memory whole, so an 8 GB bf16 4B checkpoint
 //! needs a few MB. With `--states N --tokens T` it also writes `OUT/states.jsonl`: N labelled
 //! states of the synthetic shop whose contexts are padded with the tokenizer's words to about T
-//! prompt tokens (a word-level tokenizer makes one token per word).
+//! prompt tokens (a word-level tokenizer makes one token per word). `--no-weights` writes all of
+//! it but `model.safetensors`: the small part of a checkpoint, to carry to a machine that makes
+//! the weights itself (scripts/gpu-check.sh, with transformers).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,7 +26,7 @@ use rand::{Rng, SeedableRng};
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut config, mut dtype, mut out, mut tokenizer) = (None, "bf16".to_string(), None, None);
-    let (mut states, mut tokens) = (0usize, 512usize);
+    let (mut states, mut tokens, mut weights) = (0usize, 512usize, true);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -34,6 +36,7 @@ fn main() -> Result<()> {
             "--tokenizer" => tokenizer = Some(PathBuf::from(val()?)),
             "--states" => states = val()?.parse()?,
             "--tokens" => tokens = val()?.parse()?,
+            "--no-weights" => weights = false,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -75,8 +78,18 @@ fn main() -> Result<()> {
         serde_json::to_string_pretty(&spec)?,
     )?;
 
-    // The header, then each tensor's bytes in header order.
-    let tensors = expected_tensors(&cfg);
+    if weights {
+        write_weights(&out, &cfg, width, std)?;
+    }
+    if states > 0 {
+        write_states(&out, &tokenizer, states, tokens)?;
+    }
+    Ok(())
+}
+
+/// `model.safetensors`: the header, then each tensor's bytes in header order.
+fn write_weights(out: &std::path::Path, cfg: &Qwen3Config, width: usize, std: f32) -> Result<()> {
+    let tensors = expected_tensors(cfg);
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
     for (name, shape) in &tensors {
@@ -134,10 +147,6 @@ fn main() -> Result<()> {
         }
     }
     f.flush()?;
-
-    if states > 0 {
-        write_states(&out, &tokenizer, states, tokens)?;
-    }
     Ok(())
 }
 
