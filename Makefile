@@ -100,7 +100,7 @@ bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
 
 ## gpu-check-prepare: what scripts/gpu-check.sh carries to a GPU machine, into bench-out/gpu-check/
-## (about 30 MB): the decision binary stripped and xz-compressed, the 4B shape's checkpoint without
+## (26 MB): the decision binary stripped and xz-compressed, the 4B shape's checkpoint without
 ## weights (config, tokenizer, decision.json, 10 states of about 2048 tokens), and the Vulkan
 ## loader's .deb (apt-get download). Then, there: scripts/gpu-check.sh
 GPU_CHECK := bench-out/gpu-check

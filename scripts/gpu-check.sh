@@ -3,7 +3,7 @@
 #
 # For a Linux x86-64 machine with an NVIDIA GPU and its driver, python3 with PyTorch (CUDA),
 # transformers and peft, and no network. Nothing large is carried to it: `make gpu-check-prepare`
-# (on the build machine) writes bench-out/gpu-check/, about 30 MB:
+# (on the build machine) writes bench-out/gpu-check/, 26 MB:
 #   decision.xz         the `decision` binary (dev profile: every dependency and decision-train at
 #                       opt-level 3), stripped and xz-compressed; built against glibc 2.36
 #   skeleton/model-2048 the Qwen3-4B shape's config.json (configs/shapes/qwen3-4b.json), the tiny
