@@ -17,7 +17,7 @@
 #   peer  PyTorch + transformers + peft on CUDA: bf16, SDPA, gradient checkpointing
 # and prints tokens/s, seconds per step and peak GPU memory (nvidia-smi, both sides alike) with
 # their ratios. Results go to $OUT (bench-scale.json, gpu-check.log); the checkpoint to $WORK.
-#   scripts/gpu-check.sh            # about 5 minutes on an H200
+#   scripts/gpu-check.sh            # under 8 minutes by design (the benchmark has a 450 s timeout); not yet run on a GPU
 # Environment: GPU_CHECK (default bench-out/gpu-check), OUT (default $GPU_CHECK/result),
 # WORK (default /tmp/gpu-check-work), STEPS (default 3: the first is not timed).
 set -euo pipefail
