@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,12 +78,11 @@ class GpuMemory:
 
 
 def run_measured(cmd, env=None, gpu=False, check=True):
-    """Run `cmd`, return (seconds, max RSS in MiB, stdout, peak device MiB or None); with
-    check=False a failure returns None for the seconds instead of exiting."""
+    """Run `cmd` (its stderr passes through), return (seconds, max RSS in MiB, stdout, peak device
+    MiB or None); with check=False a failure returns None for the seconds instead of exiting."""
     t = time.time()
     with GpuMemory(gpu) as mem:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if not check else None,
-                             env=env, text=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
         out = p.stdout.read()
         _, status, usage = os.wait4(p.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
@@ -304,7 +304,6 @@ def main():
         model = out / f"model-{tokens}"
         if not (model / "model.safetensors").exists():
             if args.skeleton:
-                import shutil
                 shutil.copytree(pathlib.Path(args.skeleton) / f"model-{tokens}", model, dirs_exist_ok=True)
                 t = time.time()
                 torch_weights(model)
@@ -317,7 +316,8 @@ def main():
             (model / "train.jsonl").write_text("\n".join(lines[:-2]) + "\n")
             (model / "valid.jsonl").write_text("\n".join(lines[-2:]) + "\n")
         r = None
-        for dtype in args.ours_dtype.split(","):
+        dtypes = args.ours_dtype.split(",")
+        for dtype in dtypes:
             cfg = out / f"run-{w}.toml"
             cfg.write_text(RUN_CONFIG.format(model=model.resolve(), states=(model / "train.jsonl").resolve(),
                                              valid=(model / "valid.jsonl").resolve(), max_tokens=tokens + 256,
@@ -325,18 +325,16 @@ def main():
                                              dtype=dtype, backend=args.backend))
             run_dir = out / f"ours-{w}"
             if run_dir.exists():
-                import shutil
                 shutil.rmtree(run_dir)
             plan = plan_total_gib(args.decision, cfg)
-            secs, rss, text, dev_mib = run_measured([args.decision, "train", "--config", str(cfg), "--out",
-                                                     str(run_dir)], gpu=gpu, check=False)
-            sys.stderr.write(text)
+            secs, rss, _, dev_mib = run_measured([args.decision, "train", "--config", str(cfg), "--out",
+                                                  str(run_dir)], gpu=gpu, check=False)
             if secs is not None:
                 r = {"ours_tokens_per_s": rust_tokens_per_s(run_dir), "ours_peak_rss_mib": rss, "ours_wall_s": secs,
                      "ours_plan_gib": plan, "ours_dtype": dtype, "ours_backend": args.backend,
                      "ours_peak_device_mib": dev_mib}
                 break
-            print(f"ours ({args.backend}, {dtype}) failed; {'trying the next dtype' if dtype != args.ours_dtype.split(',')[-1] else 'no dtype left'}",
+            print(f"ours ({args.backend}, {dtype}) failed; {'no dtype left' if dtype == dtypes[-1] else 'trying the next dtype'}",
                   file=sys.stderr)
         if r is None:
             sys.exit(f"our side failed at {w} with every dtype of --ours-dtype {args.ours_dtype}")

@@ -532,12 +532,12 @@ fn export_coreml(
             )?;
             report.ensure()?;
             let dp = report.max_abs_dp.unwrap_or(f64::NAN);
+            let what = report.describe_values();
             lines.push(format!(
-                "parity    {} vs {}: {} (samples from {}), max |Δp| {:.2e} (tolerance {:.0e}), \
+                "parity    {} vs {}: {what} (samples from {}), max |Δp| {:.2e} (tolerance {:.0e}), \
                  picks agree",
                 report.runtime,
                 reference.recorded.describe(),
-                report.describe_values(),
                 reference.samples_from,
                 dp,
                 tolerance
@@ -551,7 +551,7 @@ fn export_coreml(
                 "dtype": dtype.name(),
                 "samples": report.samples,
                 "samples_from": reference.samples_from,
-                "what": report.describe_values(),
+                "what": what,
                 "states_given": report.states_given,
                 "states_checked": report.states_checked,
                 "padded": report.padded,
