@@ -17,7 +17,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
 use crate::model::{Proj, Qwen3};
@@ -148,13 +148,17 @@ fn adapter(a: Tensor<2>, b: Tensor<2>, dropout: f32, scaling: f64) -> LoraAdapte
     }
 }
 
-/// Fold every adapter into its base weight (`W + s·A·B`) and remove the adapters.
+/// Fold every adapter into its base weight (`W + s·A·B`) and remove the adapters. Each base
+/// weight is dropped as its merged copy replaces it, so where `model` holds the only handles on
+/// the base, one projection's copy is alive at a time, not a second set of projections.
 pub fn merge(mut model: Qwen3) -> Qwen3 {
     for layer in 0..model.model.layers.len() {
         for (_, proj) in projections_mut(&mut model, layer) {
             if let Some(ad) = proj.lora.take() {
+                // In f32, rounded once to the base's dtype.
                 let base = proj.weight.val().inner();
-                let w = ad.dense().inner().cast(base.dtype()) + base;
+                let dtype = base.dtype();
+                let w = (ad.dense().inner() + base.cast(DType::F32)).cast(dtype);
                 let w = if proj.weight.val().device().is_autodiff() {
                     Tensor::from_inner(w)
                 } else {
@@ -196,6 +200,12 @@ fn base_shape(model: &Qwen3) -> Result<BaseShape> {
 
 /// Write `adapter_config.json` and `adapter_model.safetensors` (PEFT layout, f32) into `dir`.
 pub fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Result<()> {
+    peft(model, spec, base)?.write_peft(dir)
+}
+
+/// The model's adapters in PEFT's layout (host copies, f32), ready for
+/// [`PeftAdapter::write_peft`]; `base` is the base model's name.
+pub fn peft(model: &Qwen3, spec: &LoraSpec, base: &str) -> Result<PeftAdapter> {
     let mut modules = BTreeMap::new();
     for layer in 0..model.model.layers.len() {
         for ((sub, name), (_, proj)) in PROJECTIONS.iter().zip(projections(model, layer)) {
@@ -215,7 +225,7 @@ pub fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Resu
     if modules.is_empty() {
         bail!("the model has no LoRA adapters to save");
     }
-    PeftAdapter {
+    Ok(PeftAdapter {
         r: spec.rank,
         alpha: decimal(spec.alpha),
         use_rslora: false,
@@ -224,8 +234,7 @@ pub fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Resu
         base_model: Some(base.to_string()),
         base_layers: model.model.layers.len(),
         modules,
-    }
-    .write_peft(dir)
+    })
 }
 
 /// Read a PEFT adapter folder ([`PeftAdapter::read`]: missing or unexpected keys and wrong shapes

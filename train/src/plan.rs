@@ -42,8 +42,8 @@ pub struct MemoryPlan {
     /// One micro-batch's activations without it.
     pub activations_taped: u64,
     pub recompute: bool,
-    /// The end of a run besides the weights: the merged projections beside the trained model
-    /// (LoRA), the trainable state, and the largest tensor's f32 copies while `final/` is saved.
+    /// The end of a run besides the weights: one projection's merge at a time (LoRA), the
+    /// trainable state, and the largest tensor's host copies while `final/` is saved.
     pub finish: u64,
     pub total: u64,
 }
@@ -143,13 +143,17 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         .map(|(_, s)| s.iter().product::<usize>() as u64)
         .max()
         .unwrap_or(0);
-    let projections = layers * (h * qd * 2 + h * kvd * 2 + 3 * h * i);
+    // The merge replaces one projection at a time (`crate::lora::merge`; the trainer first drops
+    // its other handles on the base): the adapters' product, the base cast up and their sum in
+    // f32, then the sum in the base's dtype.
     let merged = if cfg.train.mode == Mode::Lora {
-        projections * w
+        (h * qd).max(h * i) * (3 * 4 + w)
     } else {
         0
     };
-    let finish = merged + trainable_state + 2 * largest * 4;
+    // `final/` is written in the weights' dtype, one tensor at a time: an f32 host copy of the
+    // largest tensor and its bytes.
+    let finish = merged + trainable_state + largest * (4 + w);
     MemoryPlan {
         seq: s as usize,
         batch: cfg.train.batch_size,

@@ -15,8 +15,8 @@
 //!   checkpoints/step-NNNNNNN/   see [`crate::checkpoint`] (atomic, COMPLETE manifest with each
 //!                         file's SHA-256, newest kept)
 //!   final/                a model folder `DecisionModel::load` reads: config.json,
-//!                         model.safetensors (f32; for LoRA runs the adapters merged into the
-//!                         base), tokenizer.json, decision.json (prompt, labels, max_options,
+//!                         model.safetensors (in the run's dtype, the adapters of a LoRA run
+//!                         merged into the base), tokenizer.json, decision.json (prompt, labels, max_options,
 //!                         max_tokens, the fitted temperature per decision point and the global
 //!                         one), and for LoRA runs adapter/ (PEFT layout: adapter_config.json with
 //!                         base_model_name_or_path = the base, adapter_model.safetensors)
@@ -64,6 +64,7 @@ use crate::loss::LossWeights;
 use crate::metrics::Report;
 use crate::model::Qwen3;
 use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm};
+use crate::peft::PeftAdapter;
 use crate::run_config::{Init, Mode, RunConfig};
 use crate::spec::{DecisionSpec, PromptTemplate};
 
@@ -570,11 +571,15 @@ impl<'a> Trainer<'a> {
             return Ok(self.summary(nothing, tokens_per_s, true));
         }
 
+        let (model, adapter) = match &self.lspec {
+            Some(spec) => {
+                let adapter = lora::peft(&self.model, spec, &base_ref(self.cfg))?;
+                (self.take_merged(), Some(adapter))
+            }
+            None => (self.model.valid(), None),
+        };
         let mut fin = DecisionModel {
-            model: match &self.lspec {
-                Some(_) => lora::merge(self.model.valid()),
-                None => self.model.valid(),
-            },
+            model,
             ..clone_shell(&self.dm)
         };
         let (eval, scored) = self.final_eval(&fin)?;
@@ -591,7 +596,7 @@ impl<'a> Trainer<'a> {
         points.sort();
         points.dedup();
         fin.spec.points = points;
-        self.publish_final(&fin)?;
+        self.publish_final(&fin, adapter.as_ref())?;
         crate::plots::write_run_plots(self.run_dir, &self.metrics_path, &scored, &eval.temps)?;
 
         let summary = self.summary(eval, tokens_per_s, false);
@@ -606,6 +611,21 @@ impl<'a> Trainer<'a> {
         )?;
         decision_data::atomic::write_json_atomic(self.run_dir.join("summary.json"), &summary)?;
         Ok(summary)
+    }
+
+    /// The trained model with its adapters merged, for `final/`. The model being trained and
+    /// the base model share the base's weights, so both give up their decoder layers first:
+    /// then the merge frees each base projection as it replaces it, and the end of a 4B run
+    /// holds one set of projections, not two. Leaves both without layers; nothing runs them
+    /// after this.
+    fn take_merged(&mut self) -> Qwen3 {
+        let layers = std::mem::take(&mut self.model.model.layers);
+        self.dm.model.model.layers.clear();
+        let mut trained = self.model.clone();
+        trained.model.layers = layers;
+        let valid = trained.valid();
+        drop(trained);
+        lora::merge(valid)
     }
 
     /// The final model `fin` on every validation state: temperatures fitted per decision point,
@@ -643,8 +663,9 @@ impl<'a> Trainer<'a> {
 
     /// Write `final/` as checkpoints are written: into a hidden staging folder, every file
     /// synced, then renamed into place (see [`checkpoint::publish_dir`]), so a kill during the
-    /// finish leaves the old `final/` or none, never half of one. LoRA runs add `adapter/`.
-    fn publish_final(&self, fin: &DecisionModel) -> Result<()> {
+    /// finish leaves the old `final/` or none, never half of one. LoRA runs add `adapter/`
+    /// (taken from the model before the merge).
+    fn publish_final(&self, fin: &DecisionModel, adapter: Option<&PeftAdapter>) -> Result<()> {
         let final_dir = self.run_dir.join("final");
         let staged = self.run_dir.join(".final.tmp");
         let aside = self.run_dir.join(".final.old");
@@ -652,10 +673,9 @@ impl<'a> Trainer<'a> {
             std::fs::remove_dir_all(&staged)
                 .with_context(|| format!("removing {}", staged.display()))?;
         }
-        fin.save(&staged)?;
-        if let Some(spec) = &self.lspec {
-            let adapter = staged.join("adapter");
-            lora::save_peft(&self.model.valid(), spec, &base_ref(self.cfg), &adapter)?;
+        fin.save_as(&staged, self.cfg.train.dtype.into())?;
+        if let Some(adapter) = adapter {
+            adapter.write_peft(&staged.join("adapter"))?;
         }
         checkpoint::sync_tree(&staged)?;
         checkpoint::publish_dir(&staged, &final_dir, &aside)

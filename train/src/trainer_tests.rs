@@ -485,6 +485,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The weights of a saved model as f32, tensors in name order (F32 or BF16 files).
 fn model_bytes(dir: &Path) -> Vec<f32> {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -493,12 +494,20 @@ fn model_bytes(dir: &Path) -> Vec<f32> {
     names
         .iter()
         .flat_map(|n| {
-            st.tensor(n)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect::<Vec<_>>()
+            let t = st.tensor(n).unwrap();
+            match t.dtype() {
+                safetensors::Dtype::F32 => t
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<_>>(),
+                safetensors::Dtype::BF16 => t
+                    .data()
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                d => panic!("{n}: {d:?}"),
+            }
         })
         .collect()
 }
@@ -845,6 +854,14 @@ fn recompute_trains_the_same_model_and_resumes() {
         TrainOptions::default(),
     );
     assert!(s.final_train_loss.unwrap().is_finite());
+    let saved = std::fs::read(c.join("final/model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&saved).unwrap();
+    assert!(
+        st.tensors()
+            .iter()
+            .all(|(_, t)| t.dtype() == safetensors::Dtype::BF16),
+        "final/ keeps the bf16 base's dtype"
+    );
     let lc = model_bytes(&c.join("final"));
     let diff = max_abs_diff(&la, &lc);
     assert!(

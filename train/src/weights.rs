@@ -43,6 +43,18 @@ pub enum SaveDtype {
     BF16,
 }
 
+/// A run's `final/` keeps the dtype its weights were trained in: a bf16 base with merged
+/// adapters is already rounded to bf16, so an f32 copy would only double the file.
+impl From<crate::backend::Precision> for SaveDtype {
+    fn from(p: crate::backend::Precision) -> Self {
+        match p {
+            crate::backend::Precision::F32 => SaveDtype::F32,
+            crate::backend::Precision::F16 => SaveDtype::F16,
+            crate::backend::Precision::Bf16 => SaveDtype::BF16,
+        }
+    }
+}
+
 impl SaveDtype {
     fn tag(self) -> &'static str {
         match self {
