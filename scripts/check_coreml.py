@@ -520,6 +520,8 @@ def main():
                          "skipped while they do not fit (two at least)")
     ap.add_argument("--report", help="write the report (JSON; a list when several packages) here; it is always printed too")
     args = ap.parse_args()
+    if not args.budget >= 0:  # also refuses nan
+        ap.error(f"--budget must be 0 (no limit) or a positive number of multiply-adds, not {args.budget}")
 
     warnings.filterwarnings("ignore")
     reports = [check_package(pkg, args) for pkg in args.packages]

@@ -23,6 +23,20 @@ use decision_train::config::Qwen3Config;
 use decision_train::weights::expected_tensors;
 use rand::{Rng, SeedableRng};
 
+const USAGE: &str = "\
+random_qwen3: a Qwen3 checkpoint of any shape with random weights, and states to train it on
+
+  random_qwen3 --config SHAPE.json --out DIR --tokenizer TOKENIZER.json [options]
+
+  --config FILE     a Hugging Face config.json (configs/shapes/ has Qwen3-0.6B's and -4B's)
+  --out DIR         written: config.json, model.safetensors, tokenizer.json, decision.json
+  --tokenizer FILE  the tokenizer.json to ship (tests/fixtures/export/tiny/tokenizer.json)
+  --dtype bf16|f32  the weights' dtype (default bf16)
+  --states N        also write DIR/states.jsonl with N labelled states (default 0: none)
+  --tokens T        their prompts padded to about T tokens (default 512)
+  --no-weights      everything but model.safetensors (for a machine that makes the weights)
+";
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut config, mut dtype, mut out, mut tokenizer) = (None, "bf16".to_string(), None, None);
@@ -37,7 +51,11 @@ fn main() -> Result<()> {
             "--states" => states = val()?.parse()?,
             "--tokens" => tokens = val()?.parse()?,
             "--no-weights" => weights = false,
-            other => bail!("unknown argument {other}"),
+            "--help" | "-h" => {
+                print!("{USAGE}");
+                return Ok(());
+            }
+            other => bail!("unknown argument {other} (--help lists them)"),
         }
     }
     let (config, out, tokenizer) = (
