@@ -18,8 +18,9 @@
 //!                         model.safetensors (in the run's dtype, the adapters of a LoRA run
 //!                         merged into the base), tokenizer.json, decision.json (prompt,
 //!                         labels, max_options, max_tokens, the fitted temperature per decision
-//!                         point and the global one), and for LoRA runs adapter/ (PEFT layout: adapter_config.json with
-//!                         base_model_name_or_path = the base, adapter_model.safetensors)
+//!                         point and the global one), and for LoRA runs adapter/ (PEFT
+//!                         layout: adapter_config.json with base_model_name_or_path = the
+//!                         base, adapter_model.safetensors)
 //!   summary.json          validation metrics at T = 1 and at the fitted temperatures, ECE
 //!                         before/after, flip rate, temperatures, steps, tokens/s, wall time
 //!   plots/loss.svg        training loss per step and validation loss per evaluation

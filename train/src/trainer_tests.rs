@@ -854,13 +854,10 @@ fn recompute_trains_the_same_model_and_resumes() {
         TrainOptions::default(),
     );
     assert!(s.final_train_loss.unwrap().is_finite());
-    let saved = std::fs::read(c.join("final/model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&saved).unwrap();
-    assert!(
-        st.tensors()
-            .iter()
-            .all(|(_, t)| t.dtype() == safetensors::Dtype::BF16),
-        "final/ keeps the bf16 base's dtype"
+    assert_all_dtype(
+        &c.join("final/model.safetensors"),
+        safetensors::Dtype::BF16,
+        "final/ keeps the bf16 base's dtype",
     );
     let lc = model_bytes(&c.join("final"));
     let diff = max_abs_diff(&la, &lc);
@@ -868,13 +865,20 @@ fn recompute_trains_the_same_model_and_resumes() {
         diff <= 5e-2,
         "bf16 base: merged weights differ from f32's by {diff}"
     );
-    let adapter = std::fs::read(c.join("final/adapter/adapter_model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&adapter).unwrap();
+    assert_all_dtype(
+        &c.join("final/adapter/adapter_model.safetensors"),
+        safetensors::Dtype::F32,
+        "adapters are kept in f32",
+    );
+}
+
+/// Every tensor of the safetensors file `path` has `dtype`.
+fn assert_all_dtype(path: &Path, dtype: safetensors::Dtype, what: &str) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     assert!(
-        st.tensors()
-            .iter()
-            .all(|(_, t)| t.dtype() == safetensors::Dtype::F32),
-        "adapters are kept in f32"
+        st.tensors().iter().all(|(_, t)| t.dtype() == dtype),
+        "{what}"
     );
 }
 
