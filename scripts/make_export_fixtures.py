@@ -12,6 +12,9 @@ the logits of the offered labels at the last position divided by T, and their so
                     attention_bias = true (q/k/v/o biases)
     tiny-lora/      a PEFT LoRA adapter for tiny/ (r 4, alpha 8, all seven projections, B drawn
                     random so the merge is not the identity)
+    tiny-lora-tokens/  the same kind of adapter with trainable tokens (`trainable_token_indices`):
+                    the rows of `cancel_order` (in the prompts) and of label `B` (an option, read
+                    through the tied LM head) drawn random
     expected.json   the batch (input_ids, attention_mask, option_token_ids, temperature) and per
                     model the expected option_logits / option_probs (f32, transformers eager)
 
@@ -157,6 +160,30 @@ def main():
     merged = peft_model.merge_and_unload()
     check = score(merged, b)
     assert torch.allclose(torch.tensor(check["option_probs"]), torch.tensor(expected["models"]["tiny+lora"]["option_probs"]), atol=1e-5)
+
+    # Trainable tokens beside the adapters, on a fresh copy of tiny/ (the merge above changed
+    # `tiny` in place).
+    fresh = Qwen3ForCausalLM.from_pretrained(os.path.join(OUT, "tiny"), attn_implementation="eager").eval()
+    rows = [tok.token_to_id("cancel_order"), tok.token_to_id("B")]
+    tokens_cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False,
+                            trainable_token_indices=rows)
+    torch.manual_seed(4)
+    peft_model = get_peft_model(fresh, tokens_cfg).eval()
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name or "trainable_tokens_delta" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    folder = os.path.join(OUT, "tiny-lora-tokens")
+    shutil.rmtree(folder, ignore_errors=True)
+    peft_model.save_pretrained(folder)
+    os.remove(os.path.join(folder, "README.md"))
+    expected["models"]["tiny+lora-tokens"] = score(peft_model, b)
+    base_only = score(Qwen3ForCausalLM.from_pretrained(os.path.join(OUT, "tiny"), attn_implementation="eager").eval(), b)
+    assert base_only == expected["models"]["tiny"], "tiny/ reloads as saved"
+    merged = peft_model.merge_and_unload()
+    check = score(merged, b)
+    assert torch.allclose(torch.tensor(check["option_probs"]),
+                          torch.tensor(expected["models"]["tiny+lora-tokens"]["option_probs"]), atol=1e-5)
 
     expected["versions"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
                             "peft": __import__("peft").__version__}

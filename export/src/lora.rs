@@ -1,5 +1,6 @@
 //! LoRA merging for export: a [`WeightSource`] that reads the base weights with a PEFT adapter
-//! folded in (`W + s·B·A`, per tensor, on read). The adapter files themselves are read and written
+//! folded in (`W + s·B·A`, per tensor, on read; trainable tokens' rows replace the embedding's,
+//! which a tied LM head shares). The adapter files themselves are read and written
 //! by the training crate's one PEFT implementation ([`decision_train::peft`]).
 
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use anyhow::{Result, bail};
 pub use decision_train::peft::PeftAdapter as LoraAdapter;
 
 use crate::weights::WeightSource;
+
+const EMBED: &str = "model.embed_tokens.weight";
 
 /// A weight source with a LoRA adapter merged in: `W + scaling · B·A` for adapted projections,
 /// the base tensor otherwise. Merging happens per tensor, on read.
@@ -31,6 +34,22 @@ impl MergedSource {
                 None => bail!("adapter module `{module}` has no base weight `{name}`"),
             }
         }
+        if let Some(t) = &adapter.tokens {
+            match base.shape(EMBED) {
+                Some(s) if s.len() == 2 && s[1] == t.values.cols => {
+                    if let Some(bad) = t.ids.iter().find(|&&id| id as usize >= s[0]) {
+                        bail!(
+                            "adapter trainable token {bad} is outside the base's vocabulary of {}",
+                            s[0]
+                        );
+                    }
+                }
+                s => bail!(
+                    "adapter trainable tokens are {} wide, the base's `{EMBED}` is {s:?}",
+                    t.values.cols
+                ),
+            }
+        }
         Ok(Self { base, adapter })
     }
 }
@@ -51,6 +70,15 @@ impl WeightSource for MergedSource {
         {
             for (x, d) in w.iter_mut().zip(delta) {
                 *x += d;
+            }
+        }
+        if name == EMBED
+            && let Some(t) = &self.adapter.tokens
+        {
+            let h = t.values.cols;
+            for (i, &id) in t.ids.iter().enumerate() {
+                let id = id as usize;
+                w[id * h..(id + 1) * h].copy_from_slice(&t.values.data[i * h..(i + 1) * h]);
             }
         }
         Ok(w)

@@ -74,7 +74,8 @@ fn reference(e: &Value, model: &str) -> Transformers {
 
 fn source(model: &str) -> (Qwen3Config, Arc<dyn WeightSource>) {
     let (base, adapter) = match model.split_once('+') {
-        Some((b, _)) => (b, Some(format!("{b}-lora"))),
+        // `tiny+lora` → tiny/ with tiny-lora/; `tiny+lora-tokens` → tiny/ with tiny-lora-tokens/.
+        Some((b, a)) => (b, Some(format!("{b}-{a}"))),
         None => (model, None),
     };
     let dir = fixtures().join(base);
@@ -105,6 +106,7 @@ fn onnx_matches_transformers_across_models_dtypes_opsets_and_data_layouts() {
         ("gqa3", DType::F16, 18, true),
         ("tiny+lora", DType::F32, 18, true),
         ("tiny+lora", DType::F16, 18, false),
+        ("tiny+lora-tokens", DType::F32, 18, false),
     ];
     let mut lines = Vec::new();
     for &(model, dtype, opset, external) in cases {

@@ -8,6 +8,12 @@
 //! Kaiming-uniform with `a = √5` on `lora_A.weight`, i.e. uniform in `±1/√d_in`, and `B = 0`, so
 //! the adapted model starts equal to the base.
 //!
+//! Trainable tokens (`[lora] trainable_tokens`, PEFT's `trainable_token_indices`) are rows of the
+//! token embedding that train beside the adapters, in f32 whatever the base's dtype: a token the
+//! base model never learnt to answer with (a tool new under changed rules) has an embedding
+//! shaped only as a wrong option, and low-rank updates of the projections alone may not set it
+//! apart (docs/results.md, "bf16 at the tiny size").
+//!
 //! The PEFT files ([`save_peft`], [`load_peft`]) are read and written by [`crate::peft`], in
 //! PEFT's exact layout.
 
@@ -20,8 +26,8 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
-use crate::model::{Proj, Qwen3};
-use crate::peft::{BaseShape, LoraPair, Matrix, PROJECTIONS, PeftAdapter};
+use crate::model::{Proj, Qwen3, TrainableTokens};
+use crate::peft::{BaseShape, LoraPair, Matrix, PROJECTIONS, PeftAdapter, TokenRows};
 
 /// One adapter: `delta(x) = s · (dropout(x) · A) · B`.
 #[derive(Module, Debug)]
@@ -75,6 +81,8 @@ pub struct LoraSpec {
     pub alpha: f32,
     pub dropout: f32,
     pub targets: Vec<String>,
+    /// Token ids whose embedding rows train too (empty: none).
+    pub tokens: Vec<u32>,
 }
 
 impl LoraSpec {
@@ -131,7 +139,35 @@ pub fn attach(model: Qwen3, spec: &LoraSpec, seed: u64) -> Qwen3 {
             proj.lora = Some(adapter(a, b, spec.dropout, spec.scaling()));
         }
     }
+    if !spec.tokens.is_empty() {
+        let rows = embedding_rows(&model, &spec.tokens);
+        model.tokens = Some(trainable_tokens(rows, spec.tokens.clone()));
+    }
     model
+}
+
+/// Rows `ids` of the model's token embedding, f32 `[ids.len(), hidden]`.
+fn embedding_rows(model: &Qwen3, ids: &[u32]) -> Tensor<2> {
+    let w = model.model.embed_tokens.weight.val();
+    let idx: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let idx = burn::tensor::Tensor::<1, burn::tensor::Int>::from_data(
+        TensorData::new(idx, [ids.len()]),
+        &w.device(),
+    );
+    w.select(0, idx).cast(DType::F32)
+}
+
+/// Trainable rows holding `values`, as [`adapter`] makes adapters trainable.
+fn trainable_tokens(values: Tensor<2>, ids: Vec<u32>) -> TrainableTokens {
+    let values = if values.device().is_autodiff() {
+        values.detach().require_grad()
+    } else {
+        values
+    };
+    TrainableTokens {
+        values: Param::from_tensor(values),
+        ids,
+    }
 }
 
 fn adapter(a: Tensor<2>, b: Tensor<2>, dropout: f32, scaling: f64) -> LoraAdapter {
@@ -168,6 +204,23 @@ pub fn merge(mut model: Qwen3) -> Qwen3 {
             }
         }
     }
+    if let Some(tokens) = model.tokens.take() {
+        // The rows replace the embedding's (and so the tied head's), rounded to its dtype.
+        let embed = &mut model.model.embed_tokens.weight;
+        let mut w = embed.val().inner();
+        let [_, h] = w.dims();
+        let values = tokens.values.val().inner().cast(w.dtype());
+        for (i, &id) in tokens.ids.iter().enumerate() {
+            let id = id as usize;
+            w = w.slice_assign([id..id + 1, 0..h], values.clone().narrow(0, i, 1));
+        }
+        let w = if embed.val().device().is_autodiff() {
+            Tensor::from_inner(w)
+        } else {
+            w
+        };
+        *embed = Param::initialized(embed.id, w);
+    }
     model
 }
 
@@ -195,7 +248,13 @@ fn base_shape(model: &Qwen3) -> Result<BaseShape> {
         let [d_in, d_out] = proj.dims();
         *d = (d_out, d_in);
     }
-    Ok(BaseShape { layers, dims })
+    let [vocab, hidden] = model.model.embed_tokens.weight.shape().dims();
+    Ok(BaseShape {
+        layers,
+        dims,
+        vocab,
+        hidden,
+    })
 }
 
 /// Write `adapter_config.json` and `adapter_model.safetensors` (PEFT layout, f32) into `dir`.
@@ -225,6 +284,17 @@ pub fn peft(model: &Qwen3, spec: &LoraSpec, base: &str) -> Result<PeftAdapter> {
     if modules.is_empty() {
         bail!("the model has no LoRA adapters to save");
     }
+    let tokens = match &model.tokens {
+        Some(t) => {
+            let values = t.values.val().inner();
+            let [rows, cols] = values.dims();
+            Some(TokenRows {
+                ids: t.ids.clone(),
+                values: Matrix::new(rows, cols, to_vec(values))?,
+            })
+        }
+        None => None,
+    };
     Ok(PeftAdapter {
         r: spec.rank,
         alpha: decimal(spec.alpha),
@@ -234,6 +304,7 @@ pub fn peft(model: &Qwen3, spec: &LoraSpec, base: &str) -> Result<PeftAdapter> {
         base_model: Some(base.to_string()),
         base_layers: model.model.layers.len(),
         modules,
+        tokens,
     })
 }
 
@@ -272,6 +343,15 @@ pub fn load_peft(model: Qwen3, dir: &Path) -> Result<(Qwen3, LoraSpec, String)> 
         }
     }
     targets.sort_by_key(|t| PROJECTIONS.iter().position(|(_, p)| p == t));
+    let mut token_ids = Vec::new();
+    if let Some(t) = &peft.tokens {
+        let values = Tensor::<2>::from_data(
+            TensorData::new(t.values.data.clone(), [t.values.rows, t.values.cols]),
+            &device,
+        );
+        model.tokens = Some(trainable_tokens(values, t.ids.clone()));
+        token_ids = t.ids.clone();
+    }
     let spec = LoraSpec {
         rank: peft.r,
         alpha: if peft.use_rslora {
@@ -281,6 +361,7 @@ pub fn load_peft(model: Qwen3, dir: &Path) -> Result<(Qwen3, LoraSpec, String)> 
         },
         dropout: peft.dropout as f32,
         targets,
+        tokens: token_ids,
     };
     Ok((model, spec, peft.base_model.unwrap_or_default()))
 }
@@ -331,6 +412,7 @@ mod tests {
                     b: b.unwrap(),
                 },
             )]),
+            tokens: None,
         };
         let dir = tempfile::tempdir().unwrap();
         written.write_peft(dir.path()).unwrap();

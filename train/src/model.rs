@@ -115,6 +115,53 @@ pub struct LmHead {
     pub weight: Param<Tensor<2>>,
 }
 
+/// Rows of the token embedding that train while the rest of it stays frozen (PEFT's trainable
+/// tokens): `values` replaces rows `ids` of the embedding, and of the LM head when it is tied.
+#[derive(Module, Debug)]
+pub struct TrainableTokens {
+    /// `[ids.len(), hidden]`, f32, initialised to the embedding's rows.
+    pub values: Param<Tensor<2>>,
+    /// The token ids, in `values`' row order.
+    pub ids: Vec<u32>,
+}
+
+impl TrainableTokens {
+    /// For each of `tokens`, its row in `values` plus one (0: not a trainable token), or `None`
+    /// when none of them is.
+    fn slots(&self, tokens: impl Iterator<Item = u32>) -> Option<Vec<i64>> {
+        let slots: Vec<i64> = tokens
+            .map(|t| {
+                self.ids
+                    .iter()
+                    .position(|&i| i == t)
+                    .map_or(0, |p| p as i64 + 1)
+            })
+            .collect();
+        slots.iter().any(|&s| s > 0).then_some(slots)
+    }
+
+    /// `rows` (`[k, hidden]`, one per token of `tokens`, f32) with the trainable tokens' rows
+    /// replaced by their values; `values` is this module's value on `rows`' device.
+    fn replace_rows(&self, rows: Tensor<2>, values: Tensor<2>, tokens: &[u32]) -> Tensor<2> {
+        let Some(slots) = self.slots(tokens.iter().copied()) else {
+            return rows;
+        };
+        let device = rows.device();
+        let [k, _] = rows.dims();
+        let keep: Vec<f32> = slots.iter().map(|&s| (s == 0) as u8 as f32).collect();
+        let keep = Tensor::<2>::from_data(TensorData::new(keep, [k, 1]), &device);
+        let slots = Tensor::<1, Int>::from_data(TensorData::new(slots, [k]), &device);
+        rows * keep + Self::padded(values).select(0, slots)
+    }
+
+    /// `values` below a row of zeros (slot 0).
+    fn padded(values: Tensor<2>) -> Tensor<2> {
+        let [_, h] = values.dims();
+        let zero = Tensor::<2>::zeros([1, h], &values.device());
+        Tensor::cat(vec![zero, values], 0)
+    }
+}
+
 #[derive(Module, Debug)]
 pub struct Attention {
     pub q_proj: Proj,
@@ -262,6 +309,8 @@ pub struct Qwen3Model {
 pub struct Qwen3 {
     pub model: Qwen3Model,
     pub lm_head: Option<LmHead>,
+    /// Embedding rows that train in a LoRA run (`[lora] trainable_tokens`), until merged.
+    pub tokens: Option<TrainableTokens>,
     /// RoPE base, kept with the weights so the forward pass needs nothing else.
     pub rope_theta: f64,
 }
@@ -398,11 +447,33 @@ impl Qwen3 {
             .map_or(0, |l| l.self_attn.head_dim)
     }
 
-    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
-    pub fn lm_head_weight(&self) -> Tensor<2> {
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied), without the trainable
+    /// tokens' rows ([`Self::lm_rows`] has them).
+    fn lm_head_weight(&self) -> Tensor<2> {
         match &self.lm_head {
             Some(head) => head.weight.val(),
             None => self.model.embed_tokens.weight.val(),
+        }
+    }
+
+    /// The trainable tokens that also act on the LM head: all of them when it is tied.
+    fn head_tokens(&self) -> Option<&TrainableTokens> {
+        self.tokens.as_ref().filter(|_| self.lm_head.is_none())
+    }
+
+    /// Rows `token_ids` of the LM head, f32 `[k, hidden]`, the trainable tokens' rows replaced
+    /// when the head is tied.
+    pub fn lm_rows(&self, token_ids: &[u32]) -> Tensor<2> {
+        let device = self.device();
+        let idx: Vec<i64> = token_ids.iter().map(|&t| t as i64).collect();
+        let n = idx.len();
+        let rows = in_f32(self.lm_head_weight().select(
+            0,
+            Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &device),
+        ));
+        match self.head_tokens() {
+            Some(t) => t.replace_rows(rows, t.values.val(), token_ids),
+            None => rows,
         }
     }
 
@@ -418,19 +489,38 @@ impl Qwen3 {
     }
 
     /// The f32 token embeddings `[b, s, hidden]` of `batch`, looked up in `weight` (the
-    /// embedding's value, on whichever device the caller works).
-    pub fn embed(&self, weight: Tensor<2>, batch: &Batch) -> Tensor<3> {
-        in_f32(embedding(
-            weight.clone(),
-            Self::ids_tensor(batch, &weight.device()),
-        ))
+    /// embedding's value, on whichever device the caller works), with the trainable tokens'
+    /// rows taken from `tokens` (their values on the same device).
+    pub fn embed(&self, weight: Tensor<2>, tokens: Option<Tensor<2>>, batch: &Batch) -> Tensor<3> {
+        let device = weight.device();
+        let x = in_f32(embedding(weight, Self::ids_tensor(batch, &device)));
+        let (Some(t), Some(values)) = (&self.tokens, tokens) else {
+            return x;
+        };
+        let Some(slots) = t.slots(batch.input_ids.iter().flatten().copied()) else {
+            return x;
+        };
+        let [b, s, _] = x.dims();
+        let keep: Vec<f32> = slots.iter().map(|&s| (s == 0) as u8 as f32).collect();
+        let keep = Tensor::<3>::from_data(TensorData::new(keep, [b, s, 1]), &device);
+        let slots = Tensor::<2, Int>::from_data(TensorData::new(slots, [b, s]), &device);
+        x * keep + embedding(TrainableTokens::padded(values), slots)
+    }
+
+    /// The trainable tokens' values, when the model has any.
+    pub fn token_values(&self) -> Option<Tensor<2>> {
+        self.tokens.as_ref().map(|t| t.values.val())
     }
 
     /// Hidden states of every position after the last decoder layer, before the final norm.
     pub fn decode(&self, batch: &Batch) -> Tensor<3> {
         let device = self.device();
         let inputs = LayerInputs::new(batch, self.head_dim(), self.rope_theta, &device);
-        let mut x = self.embed(self.model.embed_tokens.weight.val(), batch);
+        let mut x = self.embed(
+            self.model.embed_tokens.weight.val(),
+            self.token_values(),
+            batch,
+        );
         for layer in &self.model.layers {
             x = layer.forward(x, &inputs);
         }
@@ -454,20 +544,22 @@ impl Qwen3 {
     /// Logits of the given tokens only: `hidden [b, hidden]` × rows `token_ids` of the LM head →
     /// `[b, token_ids.len()]`. The full vocabulary is never multiplied.
     pub fn token_logits(&self, hidden: Tensor<2>, token_ids: &[u32]) -> Tensor<2> {
-        let device = hidden.device();
-        let idx: Vec<i64> = token_ids.iter().map(|&t| t as i64).collect();
-        let n = idx.len();
-        let rows = self.lm_head_weight().select(
-            0,
-            Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &device),
-        );
-        hidden.matmul(in_f32(rows).transpose())
+        hidden.matmul(self.lm_rows(token_ids).transpose())
     }
 
     /// Full-vocabulary f32 logits of the given hidden states (`[b, s, hidden]` → `[b, s,
     /// vocab]`), the product in the head's dtype.
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
-        let w = self.lm_head_weight();
+        let w = match self.head_tokens() {
+            // The tied head with the trainable rows in place, in the head's dtype.
+            Some(t) => {
+                let w = self.lm_head_weight();
+                let dtype = w.dtype();
+                let all: Vec<u32> = (0..w.dims()[0] as u32).collect();
+                t.replace_rows(in_f32(w), t.values.val(), &all).cast(dtype)
+            }
+            None => self.lm_head_weight(),
+        };
         if hidden.dtype() == w.dtype() {
             hidden.matmul(w.transpose().unsqueeze())
         } else {
@@ -535,6 +627,7 @@ pub fn init_random(config: &Qwen3Config, std: f64, device: &Device) -> Qwen3 {
         lm_head: (!config.tie_word_embeddings).then(|| LmHead {
             weight: Param::from_tensor(normal([config.vocab_size, h])),
         }),
+        tokens: None,
         rope_theta: config.rope_theta,
     }
 }

@@ -8,6 +8,10 @@
 //! `lora_B`, with shapes that fit the base weight; a missing key, an unexpected key or a wrong
 //! shape is an error naming it. Adapter features a plain `W + s·B·A` would get wrong (DoRA,
 //! per-module ranks, trained biases, `modules_to_save`, …) are refused rather than ignored.
+//! Trainable tokens (`trainable_token_indices`, on the token embedding) are read and written:
+//! key `base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta`, `[n, hidden]`,
+//! holds the rows' new values (not differences), which replace rows `trainable_token_indices` of
+//! the embedding, and of the LM head when it is tied to the embedding.
 //! rsLoRA is read as PEFT applies it: the scale is `alpha / sqrt(r)` instead of `alpha / r`.
 
 use std::collections::BTreeMap;
@@ -63,6 +67,18 @@ pub struct LoraPair {
     pub b: Matrix,
 }
 
+/// Trainable tokens: `values` row `i` replaces row `ids[i]` of the token embedding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRows {
+    pub ids: Vec<u32>,
+    /// `[ids.len(), hidden]`
+    pub values: Matrix,
+}
+
+/// The key of the trainable tokens' values.
+pub const TOKENS_KEY: &str =
+    "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta";
+
 /// A PEFT LoRA adapter over a Qwen3 model, as its files hold it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeftAdapter {
@@ -79,6 +95,8 @@ pub struct PeftAdapter {
     pub base_layers: usize,
     /// Keyed by module path, e.g. `model.layers.0.self_attn.q_proj`.
     pub modules: BTreeMap<String, LoraPair>,
+    /// Embedding rows that trained beside the adapters (`trainable_token_indices`).
+    pub tokens: Option<TokenRows>,
 }
 
 impl PeftAdapter {
@@ -141,7 +159,6 @@ impl PeftAdapter {
             "alpha_pattern",
             "modules_to_save",
             "exclude_modules",
-            "trainable_token_indices",
             "target_parameters",
         ] {
             if non_empty(refused) {
@@ -159,6 +176,8 @@ impl PeftAdapter {
             }
         }
         let targets = parse_targets(c.get("target_modules")).map_err(|e| here(e.to_string()))?;
+        let token_ids = parse_token_indices(c.get("trainable_token_indices"), base.vocab)
+            .map_err(|e| here(e.to_string()))?;
         let layers: Vec<usize> = match c.get("layers_to_transform") {
             None | Some(Value::Null) => (0..base.layers).collect(),
             Some(Value::Number(n)) => vec![n.as_u64().unwrap_or(u64::MAX) as usize],
@@ -242,6 +261,35 @@ impl PeftAdapter {
                 modules.insert(module.clone(), LoraPair { a, b });
             }
         }
+        let tokens = match token_ids {
+            None => None,
+            Some(ids) => match tensors.remove(TOKENS_KEY) {
+                None => {
+                    problems.push(format!(
+                        "missing key `{TOKENS_KEY}` (the config lists trainable tokens)"
+                    ));
+                    None
+                }
+                Some((shape, _, _)) if shape != [ids.len(), base.hidden] => {
+                    problems.push(format!(
+                        "key `{TOKENS_KEY}` has shape {shape:?}, expected [{}, {}]",
+                        ids.len(),
+                        base.hidden
+                    ));
+                    None
+                }
+                Some((_, dtype, data)) => match decode_f32(&data, dtype) {
+                    Ok(values) => Some(TokenRows {
+                        values: Matrix::new(ids.len(), base.hidden, values)?,
+                        ids,
+                    }),
+                    Err(e) => {
+                        problems.push(format!("key `{TOKENS_KEY}`: {e}"));
+                        None
+                    }
+                },
+            },
+        };
         for key in tensors.keys() {
             problems.push(format!("unexpected key `{key}`"));
         }
@@ -275,6 +323,7 @@ impl PeftAdapter {
                 .map(str::to_owned),
             base_layers: base.layers,
             modules,
+            tokens,
         })
     }
 
@@ -320,6 +369,7 @@ impl PeftAdapter {
             "inference_mode": true,
             "init_lora_weights": true,
             "modules_to_save": null,
+            "trainable_token_indices": self.tokens.as_ref().map(|t| &t.ids),
             "layers_to_transform": layers,
             "layers_pattern": null,
             "rank_pattern": {},
@@ -336,6 +386,14 @@ impl PeftAdapter {
                     bytes,
                 ));
             }
+        }
+        if let Some(t) = &self.tokens {
+            let bytes = t.values.data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            blobs.push((
+                TOKENS_KEY.to_string(),
+                vec![t.values.rows, t.values.cols],
+                bytes,
+            ));
         }
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = blobs
             .iter()
@@ -461,13 +519,52 @@ fn parse_targets(v: Option<&Value>) -> Result<Targets> {
     }
 }
 
-/// What an adapter is checked against: the base model's layer count and the `(out, in)` shape of
-/// each of [`PROJECTIONS`] (the same in every layer of a Qwen3 model).
+/// `trainable_token_indices` as PEFT writes it for the token embedding: a list of token ids, or
+/// a map naming `embed_tokens` alone. `None` when absent or empty.
+fn parse_token_indices(v: Option<&Value>, vocab: usize) -> Result<Option<Vec<u32>>> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) => a,
+        Some(Value::Object(m)) => match (m.len(), m.get("embed_tokens")) {
+            (0, _) => return Ok(None),
+            (1, Some(Value::Array(a))) => a,
+            _ => bail!(
+                "field `trainable_token_indices` names modules other than `embed_tokens`; only \
+                 the token embedding's rows can be applied"
+            ),
+        },
+        Some(other) => bail!("field `trainable_token_indices` is {other}, not a list of token ids"),
+    };
+    if list.is_empty() {
+        return Ok(None);
+    }
+    let mut ids = Vec::with_capacity(list.len());
+    for x in list {
+        match x.as_u64() {
+            Some(id) if (id as usize) < vocab => {
+                if ids.contains(&(id as u32)) {
+                    bail!("field `trainable_token_indices` lists token {id} twice");
+                }
+                ids.push(id as u32)
+            }
+            _ => bail!(
+                "field `trainable_token_indices` holds {x}; token ids are integers below the \
+                 vocabulary size {vocab}"
+            ),
+        }
+    }
+    Ok(Some(ids))
+}
+
+/// What an adapter is checked against: the base model's layer count, the `(out, in)` shape of
+/// each of [`PROJECTIONS`] (the same in every layer of a Qwen3 model), and the embedding's shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseShape {
     pub layers: usize,
     /// In the order of [`PROJECTIONS`].
     pub dims: [(usize, usize); 7],
+    pub vocab: usize,
+    pub hidden: usize,
 }
 
 impl BaseShape {
@@ -478,6 +575,8 @@ impl BaseShape {
         Self {
             layers: cfg.num_hidden_layers,
             dims: [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)],
+            vocab: cfg.vocab_size,
+            hidden: h,
         }
     }
 }

@@ -96,8 +96,10 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
                 _ => h + i,
             };
             layers * cfg.lora.targets.iter().map(|t| r * dims(t)).sum::<u64>()
+                + cfg.lora.trainable_tokens.len() as u64 * h
         }
     };
+    let tokens_train = cfg.train.mode == Mode::Lora && !cfg.lora.trainable_tokens.is_empty();
     let weights = params * w;
     // f32 gradients (the accumulated sum and one micro-batch's), two AdamW moments, and the
     // adapters' own f32 weights in LoRA mode.
@@ -126,8 +128,10 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let recompute =
         tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + 3 * b * nh * chunk * s * 4;
     // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
+    // With trainable tokens a tied head is rebuilt with their rows for that product: an f32 copy
+    // and one in the weights' dtype.
     let head = if cfg.loss.lm_weight > 0.0 {
-        3 * tokens * v * 4
+        3 * tokens * v * 4 + if tokens_train { v * h * (4 + w) } else { 0 }
     } else {
         tokens * h * 4 * 2
     };
@@ -146,8 +150,11 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // The merge replaces one projection at a time (`crate::lora::merge`; the trainer first drops
     // its other handles on the base): the adapters' product, the base cast up and their sum in
     // f32, then the sum in the base's dtype.
+    // Trainable tokens are written into a copy of the embedding (the base model still holds the
+    // original).
     let merged = if cfg.train.mode == Mode::Lora {
-        (h * qd).max(h * i) * (3 * 4 + w)
+        let rows = if tokens_train { v * h * w } else { 0 };
+        ((h * qd).max(h * i) * (3 * 4 + w)).max(rows)
     } else {
         0
     };

@@ -70,7 +70,12 @@ fn loss_and_grads_in_blocks(
         Tensor::<4>::zeros([b, 1, s, s], &plain).mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
 
     // 1. Forward without a tape, keeping each layer's input; attention in blocks as below.
-    let mut x = model.embed(embed.val().inner(), batch);
+    let tokens = model.token_values();
+    let mut x = model.embed(
+        embed.val().inner(),
+        tokens.clone().map(|t| t.inner()),
+        batch,
+    );
     let mut saved = Vec::with_capacity(model.model.layers.len());
     for layer in &model.model.layers {
         saved.push(x.clone());
@@ -123,14 +128,11 @@ fn loss_and_grads_in_blocks(
         g = g_xa + g_xc;
     }
 
-    // The embedding, when it trains (full fine-tuning).
-    if embed.is_require_grad() {
-        let e = model.embed(embed.val(), batch);
+    // The embedding, when it trains (full fine-tuning), or its trainable tokens (LoRA).
+    if embed.is_require_grad() || tokens.is_some() {
+        let e = model.embed(embed.val(), tokens, batch);
         let grads = (e * g).sum().backward();
-        acc.accumulate(
-            model,
-            GradientsParams::from_grads(grads, &model.model.embed_tokens),
-        );
+        acc.accumulate(model, GradientsParams::from_grads(grads, model));
     }
     (value, acc.grads())
 }
@@ -357,45 +359,50 @@ mod tests {
         }
     }
 
+    /// LoRA with trainable tokens: row 3 is in the batch (the embedding), row 11 is a label the
+    /// head reads (through the tied head only).
     #[test]
     fn lora_gradients_match_the_taped_pass() {
         let _rng = crate::trainer_tests::device_rng();
         let device = burn::tensor::Device::flex();
         device.seed(12);
-        let base = init_random(&config(false), 0.3, &device).train();
-        let spec = crate::lora::LoraSpec {
-            rank: 2,
-            alpha: 4.0,
-            dropout: 0.0,
-            targets: crate::run_config::LORA_TARGETS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        };
-        let mut model = crate::lora::attach(base, &spec, 1);
-        // B = 0 at initialisation would leave A's gradients zero: give B values.
-        for layer in &mut model.model.layers {
-            for proj in [
-                &mut layer.self_attn.q_proj,
-                &mut layer.self_attn.k_proj,
-                &mut layer.self_attn.v_proj,
-                &mut layer.self_attn.o_proj,
-                &mut layer.mlp.gate_proj,
-                &mut layer.mlp.up_proj,
-                &mut layer.mlp.down_proj,
-            ] {
-                let ad = proj.lora.as_mut().unwrap();
-                let dims = ad.lora_b.shape().dims::<2>();
-                let b = Tensor::<2>::random(
-                    dims,
-                    Distribution::Normal(0.0, 0.3),
-                    &device.clone().autodiff(),
-                );
-                ad.lora_b = Param::initialized(ad.lora_b.id, b.require_grad());
+        for tied in [false, true] {
+            let base = init_random(&config(tied), 0.3, &device).train();
+            let spec = crate::lora::LoraSpec {
+                rank: 2,
+                alpha: 4.0,
+                dropout: 0.0,
+                targets: crate::run_config::LORA_TARGETS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                tokens: vec![3, 11],
+            };
+            let mut model = crate::lora::attach(base, &spec, 1);
+            // B = 0 at initialisation would leave A's gradients zero: give B values.
+            for layer in &mut model.model.layers {
+                for proj in [
+                    &mut layer.self_attn.q_proj,
+                    &mut layer.self_attn.k_proj,
+                    &mut layer.self_attn.v_proj,
+                    &mut layer.self_attn.o_proj,
+                    &mut layer.mlp.gate_proj,
+                    &mut layer.mlp.up_proj,
+                    &mut layer.mlp.down_proj,
+                ] {
+                    let ad = proj.lora.as_mut().unwrap();
+                    let dims = ad.lora_b.shape().dims::<2>();
+                    let b = Tensor::<2>::random(
+                        dims,
+                        Distribution::Normal(0.0, 0.3),
+                        &device.clone().autodiff(),
+                    );
+                    ad.lora_b = Param::initialized(ad.lora_b.id, b.require_grad());
+                }
             }
+            // the adapters, 2 matrices on each of 7 projections of 3 layers, and the token rows
+            assert_eq!(assert_same_gradients(&model, 3), 3 * 7 * 2 + 1);
         }
-        // only the adapters: 2 matrices on each of 7 projections of 3 layers
-        assert_eq!(assert_same_gradients(&model, 3), 3 * 7 * 2);
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub struct LoraSection {
     /// Projections that get adapters: any of q_proj, k_proj, v_proj, o_proj, gate_proj,
     /// up_proj, down_proj.
     pub targets: Vec<String>,
+    /// Tokens whose embedding rows train beside the adapters, in f32 (PEFT's
+    /// `trainable_token_indices`): each must be one entry of the tokenizer's vocabulary, e.g. a
+    /// tool the base model never answered with. Empty: the embedding stays frozen.
+    pub trainable_tokens: Vec<String>,
 }
 
 impl Default for LoraSection {
@@ -141,6 +145,7 @@ impl Default for LoraSection {
             targets: ["q_proj", "k_proj", "v_proj", "o_proj"]
                 .map(String::from)
                 .to_vec(),
+            trainable_tokens: Vec::new(),
         }
     }
 }
@@ -398,6 +403,12 @@ impl RunConfig {
                  draw other dropout masks than the forward pass it replays"
             );
         }
+        if self.train.mode == Mode::Full && !self.lora.trainable_tokens.is_empty() {
+            bail!(
+                "[lora] trainable_tokens applies to mode = \"lora\"; full fine-tuning trains \
+                 the whole embedding already"
+            );
+        }
         if self.train.mode == Mode::Lora {
             if self.lora.rank == 0 {
                 bail!("[lora] rank must be at least 1");
@@ -415,6 +426,18 @@ impl RunConfig {
             }
             if !(0.0..1.0).contains(&self.lora.dropout) {
                 bail!("[lora] dropout must be in [0, 1)");
+            }
+            let tokens = &self.lora.trainable_tokens;
+            if let Some((i, t)) = tokens
+                .iter()
+                .enumerate()
+                .find(|(i, t)| tokens[..*i].contains(t))
+            {
+                bail!(
+                    "[lora] trainable_tokens lists {t:?} twice (entries {} and {})",
+                    tokens.iter().position(|x| x == t).unwrap() + 1,
+                    i + 1
+                );
             }
             if self.model.init == Init::Random {
                 bail!(
@@ -548,5 +571,10 @@ max_steps = 10
             .replace("mode = \"full\"", "mode = \"lora\"");
         assert!(RunConfig::parse(&lora, &[]).is_ok());
         assert!(RunConfig::parse(&lora, &["lora.targets=[\"qkv\"]".into()]).is_err());
+        let twice = RunConfig::parse(&lora, &["lora.trainable_tokens=[\"a\",\"b\",\"a\"]".into()]);
+        let msg = format!("{:#}", twice.unwrap_err());
+        assert!(msg.contains("\"a\" twice (entries 1 and 3)"), "{msg}");
+        let full = RunConfig::parse(MIN, &["lora.trainable_tokens=[\"a\"]".into()]);
+        assert!(format!("{:#}", full.unwrap_err()).contains("applies to mode = \"lora\""));
     }
 }

@@ -317,7 +317,10 @@ impl<'a> Trainer<'a> {
         if cfg.model.init == Init::Random {
             crate::tokenizer::save(dm.tokenizer(), &run_dir.join("tokenizer.json"))?;
         }
-        let lspec = (cfg.train.mode == Mode::Lora).then(|| lora_spec(cfg));
+        let lspec = match cfg.train.mode {
+            Mode::Lora => Some(lora_spec(cfg, &dm)?),
+            Mode::Full => None,
+        };
         let (state, model, opt) = match &resume_from {
             Some((step, dir)) => {
                 let resumed = load_checkpoint(cfg, &dm, lspec.is_some(), &plain, *step, dir)?;
@@ -806,13 +809,33 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
     }
 }
 
-fn lora_spec(cfg: &RunConfig) -> LoraSpec {
-    LoraSpec {
+/// The run's LoRA settings, `[lora] trainable_tokens` resolved to ids by the base's tokenizer.
+fn lora_spec(cfg: &RunConfig, dm: &DecisionModel) -> Result<LoraSpec> {
+    let tok = dm.tokenizer();
+    let tokens = cfg
+        .lora
+        .trainable_tokens
+        .iter()
+        .map(|t| {
+            tok.token_to_id(t).with_context(|| {
+                let pieces = tok
+                    .encode(t.as_str(), false)
+                    .map(|e| e.get_tokens().to_vec())
+                    .unwrap_or_default();
+                format!(
+                    "[lora] trainable_tokens: {t:?} is not one token of the base model's \
+                     vocabulary; it encodes as {pieces:?}; list vocabulary entries instead"
+                )
+            })
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    Ok(LoraSpec {
         rank: cfg.lora.rank,
         alpha: cfg.lora.alpha,
         dropout: cfg.lora.dropout,
         targets: cfg.lora.targets.clone(),
-    }
+        tokens,
+    })
 }
 
 fn adamw_settings(cfg: &RunConfig) -> AdamWSettings {

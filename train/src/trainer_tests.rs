@@ -172,6 +172,7 @@ fn spec(targets: &[&str]) -> LoraSpec {
         alpha: 8.0,
         dropout: 0.0,
         targets: targets.iter().map(|s| s.to_string()).collect(),
+        tokens: Vec::new(),
     }
 }
 
@@ -869,6 +870,67 @@ fn recompute_trains_the_same_model_and_resumes() {
         &c.join("final/adapter/adapter_model.safetensors"),
         safetensors::Dtype::F32,
         "adapters are kept in f32",
+    );
+
+    // Trainable tokens beside the adapters (a tool in every prompt, and a label the tied head
+    // reads): recompute matches the taped pass, a killed run resumes to the same bits, and in the
+    // merged model's embedding exactly those two rows moved.
+    let tokens = "lora.trainable_tokens=[\"lookup_order\",\"A\"]";
+    let (_, t1) = run(&lora(&[tokens]), "tokens-taped", TrainOptions::default());
+    let (_, t2) = run(
+        &lora(&[tokens, "train.recompute=true"]),
+        "tokens-recomputed",
+        TrainOptions::default(),
+    );
+    let (w1, w2) = (
+        model_bytes(&t1.join("final")),
+        model_bytes(&t2.join("final")),
+    );
+    let diff = max_abs_diff(&w1, &w2);
+    assert!(diff <= 1e-4, "tokens: recomputed weights differ by {diff}");
+    let split_cfg = lora(&[tokens, "train.recompute=true"]);
+    let stop = TrainOptions {
+        stop_after: Some(3),
+        ..Default::default()
+    };
+    let (b1, split) = run(&split_cfg, "tokens-split", stop);
+    assert!(b1.interrupted);
+    train(&split_cfg, &split, &resume).unwrap();
+    assert_same_bits(
+        &w2,
+        &model_bytes(&split.join("final")),
+        "tokens: resumed weights",
+    );
+
+    let embed = |dir: &Path| {
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("model.embed_tokens.weight").unwrap();
+        let values: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        (values, t.shape()[1])
+    };
+    let ((before, h), (after, _)) = (embed(&base), embed(&t2.join("final")));
+    let tok = crate::tokenizer::load(&base.join("tokenizer.json")).unwrap();
+    let mut want: Vec<usize> = ["lookup_order", "A"]
+        .iter()
+        .map(|t| tok.token_to_id(t).unwrap() as usize)
+        .collect();
+    want.sort();
+    let moved: Vec<usize> = (0..before.len() / h)
+        .filter(|&r| before[r * h..(r + 1) * h] != after[r * h..(r + 1) * h])
+        .collect();
+    assert_eq!(moved, want, "the embedding rows that trained");
+    let adapter: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(t2.join("final/adapter/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        adapter["trainable_token_indices"].as_array().unwrap().len(),
+        2
     );
 }
 

@@ -547,6 +547,7 @@ pub fn build_model(
             norm: RmsNorm::new(v("model.norm.weight"), eps),
         },
         lm_head,
+        tokens: None,
         rope_theta: config.rope_theta,
     })
 }

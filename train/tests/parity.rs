@@ -181,3 +181,65 @@ fn label_logits_are_the_vocabulary_columns() {
         }
     }
 }
+
+/// PEFT's trainable tokens (`trainable_token_indices`) on a tied model: the adapter in
+/// `tests/fixtures/export/tiny-lora-tokens/` (`scripts/make_export_fixtures.py`: LoRA on all seven
+/// projections plus the rows of a prompt word and of label `B`, all drawn random) attached by
+/// `lora::load_peft` scores the fixture batch as `peft` did, unmerged and merged. Without its
+/// token rows it does not, so the rows (in the embedding and in the tied head) are what is tested.
+#[test]
+fn peft_adapter_with_trainable_tokens_matches_peft() {
+    let export = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/export");
+    let e: Value =
+        serde_json::from_str(&std::fs::read_to_string(export.join("expected.json")).unwrap())
+            .unwrap();
+    let b = &e["batch"];
+    let batch = Batch {
+        input_ids: ids(&b["input_ids"]),
+        attention_mask: ids(&b["attention_mask"])
+            .into_iter()
+            .map(|r| r.into_iter().map(|x| x as u8).collect())
+            .collect(),
+    };
+    let options = ids(&b["option_token_ids"]);
+    let t = b["temperature"].as_f64().unwrap();
+    let want: Vec<Vec<f64>> = e["models"]["tiny+lora-tokens"]["option_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(vec_f64)
+        .collect();
+    let scaled = |model: &decision_train::Qwen3| -> Vec<Vec<f64>> {
+        options
+            .iter()
+            .enumerate()
+            .map(|(r, opts)| {
+                let l = model.answer_logits(&batch, opts);
+                let flat: Vec<f32> = l.into_data().convert::<f32>().try_into_vec().unwrap();
+                let k = opts.len();
+                flat[r * k..(r + 1) * k]
+                    .iter()
+                    .map(|&x| x as f64 / t)
+                    .collect()
+            })
+            .collect()
+    };
+
+    let base = load(&export.join("tiny"));
+    let (model, spec, _) =
+        decision_train::lora::load_peft(base.model.clone(), &export.join("tiny-lora-tokens"))
+            .unwrap();
+    assert_eq!(spec.tokens.len(), 2, "{spec:?}");
+    let unmerged = max_abs_diff(&scaled(&model), &want);
+    assert!(unmerged < TOL, "unmerged: {unmerged}");
+
+    let mut rows_dropped = model.clone();
+    rows_dropped.tokens = None;
+    let without = max_abs_diff(&scaled(&rows_dropped), &want);
+    assert!(without > 1e-2, "the token rows change nothing: {without}");
+
+    let merged = decision_train::lora::merge(model);
+    assert!(merged.tokens.is_none());
+    let merged = max_abs_diff(&scaled(&merged), &want);
+    assert!(merged < TOL, "merged: {merged}");
+}
