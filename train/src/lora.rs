@@ -92,7 +92,7 @@ impl LoraSpec {
 }
 
 /// The projections of layer `layer`, by their Hugging Face names.
-fn projections_mut(model: &mut Qwen3, layer: usize) -> [(&'static str, &mut Proj); 7] {
+pub(crate) fn projections_mut(model: &mut Qwen3, layer: usize) -> [(&'static str, &mut Proj); 7] {
     let l = &mut model.model.layers[layer];
     [
         ("q_proj", &mut l.self_attn.q_proj),

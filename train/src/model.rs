@@ -497,14 +497,10 @@ impl Qwen3 {
         let (Some(t), Some(values)) = (&self.tokens, tokens) else {
             return x;
         };
-        let Some(slots) = t.slots(batch.input_ids.iter().flatten().copied()) else {
-            return x;
-        };
-        let [b, s, _] = x.dims();
-        let keep: Vec<f32> = slots.iter().map(|&s| (s == 0) as u8 as f32).collect();
-        let keep = Tensor::<3>::from_data(TensorData::new(keep, [b, s, 1]), &device);
-        let slots = Tensor::<2, Int>::from_data(TensorData::new(slots, [b, s]), &device);
-        x * keep + embedding(TrainableTokens::padded(values), slots)
+        let [b, s, h] = x.dims();
+        let ids: Vec<u32> = batch.input_ids.iter().flatten().copied().collect();
+        t.replace_rows(x.reshape([b * s, h]), values, &ids)
+            .reshape([b, s, h])
     }
 
     /// The trainable tokens' values, when the model has any.

@@ -380,16 +380,8 @@ mod tests {
             };
             let mut model = crate::lora::attach(base, &spec, 1);
             // B = 0 at initialisation would leave A's gradients zero: give B values.
-            for layer in &mut model.model.layers {
-                for proj in [
-                    &mut layer.self_attn.q_proj,
-                    &mut layer.self_attn.k_proj,
-                    &mut layer.self_attn.v_proj,
-                    &mut layer.self_attn.o_proj,
-                    &mut layer.mlp.gate_proj,
-                    &mut layer.mlp.up_proj,
-                    &mut layer.mlp.down_proj,
-                ] {
+            for layer in 0..model.model.layers.len() {
+                for (_, proj) in crate::lora::projections_mut(&mut model, layer) {
                     let ad = proj.lora.as_mut().unwrap();
                     let dims = ad.lora_b.shape().dims::<2>();
                     let b = Tensor::<2>::random(

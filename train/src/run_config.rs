@@ -428,16 +428,14 @@ impl RunConfig {
                 bail!("[lora] dropout must be in [0, 1)");
             }
             let tokens = &self.lora.trainable_tokens;
-            if let Some((i, t)) = tokens
-                .iter()
-                .enumerate()
-                .find(|(i, t)| tokens[..*i].contains(t))
-            {
-                bail!(
-                    "[lora] trainable_tokens lists {t:?} twice (entries {} and {})",
-                    tokens.iter().position(|x| x == t).unwrap() + 1,
-                    i + 1
-                );
+            for (i, t) in tokens.iter().enumerate() {
+                if let Some(first) = tokens[..i].iter().position(|x| x == t) {
+                    bail!(
+                        "[lora] trainable_tokens lists {t:?} twice (entries {} and {})",
+                        first + 1,
+                        i + 1
+                    );
+                }
             }
             if self.model.init == Init::Random {
                 bail!(

@@ -197,16 +197,8 @@ fn lora_merge_equals_unmerged() {
         .unwrap();
     assert_eq!(l0, l1);
     // give every B random values
-    for layer in &mut with.model.layers {
-        for p in [
-            &mut layer.self_attn.q_proj,
-            &mut layer.self_attn.k_proj,
-            &mut layer.self_attn.v_proj,
-            &mut layer.self_attn.o_proj,
-            &mut layer.mlp.gate_proj,
-            &mut layer.mlp.up_proj,
-            &mut layer.mlp.down_proj,
-        ] {
+    for layer in 0..with.model.layers.len() {
+        for (_, p) in lora::projections_mut(&mut with, layer) {
             let ad = p.lora.as_mut().unwrap();
             let dims = ad.lora_b.shape().dims::<2>();
             ad.lora_b = Param::from_tensor(Tensor::<2>::random(
