@@ -1,6 +1,9 @@
 //! Where the model runs: `cpu` is Burn's `flex` backend (pure Rust, multithreaded, `gemm`
 //! matmul; `ndarray` is deprecated and `burn-cpu` needs an LLVM download at build time), `wgpu`
-//! is Metal on macOS and Vulkan elsewhere. f32 by default; f16 where the device supports it.
+//! is the GPU through wgpu, its kernels compiled by the shader compiler each platform's GPUs are
+//! best served by: MSL on macOS (Metal), SPIR-V elsewhere (Vulkan), WGSL only as the fallback for
+//! an adapter neither serves (train/Cargo.toml chooses per target). The precision is f32 unless
+//! asked; `auto` takes the narrowest float the device computes (bf16, else f16, else f32).
 
 use anyhow::{Result, bail};
 use burn::prelude::*;
@@ -15,9 +18,13 @@ pub enum Backend {
     Wgpu,
 }
 
+/// The dtype of the frozen weights and their products. `Auto` is resolved against the device
+/// ([`resolve_precision`]) before anything is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// bf16 where the device computes it (f32's range), else f16, else f32.
+    Auto,
     #[default]
     F32,
     F16,
@@ -25,11 +32,17 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub fn dtype(self) -> DType {
+    /// The concrete precisions in the order `auto` prefers them: half the memory of f32 first,
+    /// and of the two halves bf16, whose range is f32's (f16 overflows at 65 504).
+    pub const PREFERENCE: [Precision; 3] = [Precision::Bf16, Precision::F16, Precision::F32];
+
+    /// The tensor dtype; `None` for `auto`, which names no dtype until it is resolved.
+    pub fn dtype(self) -> Option<DType> {
         match self {
-            Precision::F32 => DType::F32,
-            Precision::F16 => DType::F16,
-            Precision::Bf16 => DType::BF16,
+            Precision::Auto => None,
+            Precision::F32 => Some(DType::F32),
+            Precision::F16 => Some(DType::F16),
+            Precision::Bf16 => Some(DType::BF16),
         }
     }
 }
@@ -57,15 +70,13 @@ impl std::fmt::Display for Backend {
 impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Precision::Auto => "auto",
             Precision::F32 => "f32",
             Precision::F16 => "f16",
             Precision::Bf16 => "bf16",
         })
     }
 }
-
-/// Whether this build has the wgpu backend (the `wgpu` cargo feature).
-pub const WGPU_BUILT: bool = cfg!(feature = "wgpu");
 
 /// The device for a backend.
 pub fn device(backend: Backend) -> Result<Device> {
@@ -75,7 +86,8 @@ pub fn device(backend: Backend) -> Result<Device> {
     }
 }
 
-/// The adapter wgpu chose, as `decision` reports it on stderr.
+/// The adapter wgpu chose and what Burn's GPU runtime makes of it, as `decision` reports it on
+/// stderr.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterSummary {
     /// As the driver names it: `NVIDIA GeForce RTX 4090`, `llvmpipe (LLVM 15.0.6, 256 bits)`.
@@ -87,6 +99,15 @@ pub struct AdapterSummary {
     /// The driver and its details (`llvmpipe`, `Mesa 22.3.6 (LLVM 15.0.6)`); may be empty.
     pub driver: String,
     pub driver_info: String,
+    /// The shader compiler the kernels go through: `SPIR-V` (Vulkan), `MSL` (Metal), or `WGSL`
+    /// where the adapter lacks what the native one needs.
+    pub compiler: String,
+    /// The precisions the device computes, in [`Precision::PREFERENCE`] order (f32 always).
+    pub precisions: Vec<Precision>,
+    /// Cooperative-matrix (tensor-core) shapes the matmul kernels may use; 0 for none.
+    pub cooperative_matrix: usize,
+    /// The largest device-local memory heap, where the runtime reports one (Vulkan does).
+    pub memory: Option<u64>,
 }
 
 /// Names of software rasterisers (lowercase), for drivers that do not report device type `Cpu`;
@@ -127,10 +148,44 @@ impl AdapterSummary {
         s + ")"
     }
 
-    /// What `decision` prints on stderr once the adapter is up: the adapter, and for a software
-    /// one a warning that `--backend cpu` is faster.
+    /// `SPIR-V on "NAME"`: the compiler and the adapter, for messages.
+    pub fn short(&self) -> String {
+        format!("{} on {:?}", self.compiler, self.name)
+    }
+
+    /// What `decision` prints on stderr once the adapter is up: the adapter; the compiler, the
+    /// precisions, tensor cores and memory; for a software adapter a warning that `--backend
+    /// cpu` is faster.
     pub fn report(&self) -> Vec<String> {
-        let mut lines = vec![format!("wgpu adapter: {}", self.describe())];
+        let list = |ps: &[Precision]| {
+            ps.iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let missing: Vec<Precision> = Precision::PREFERENCE
+            .into_iter()
+            .filter(|p| !self.precisions.contains(p))
+            .collect();
+        let mut kernels = format!(
+            "wgpu kernels: {} compiler; computes {}",
+            self.compiler,
+            list(&self.precisions)
+        );
+        if !missing.is_empty() {
+            kernels += &format!(" (not {})", list(&missing));
+        }
+        kernels += &match self.cooperative_matrix {
+            0 => "; no cooperative-matrix (tensor-core) matmul".to_string(),
+            n => format!("; cooperative-matrix (tensor-core) matmul, {n} shapes"),
+        };
+        if let Some(bytes) = self.memory {
+            kernels += &format!(
+                "; {:.2} GiB device memory",
+                bytes as f64 / (1u64 << 30) as f64
+            );
+        }
+        let mut lines = vec![format!("wgpu adapter: {}", self.describe()), kernels];
         if self.is_software() {
             lines.push(
                 "warning: this wgpu adapter is a software rasteriser running on the CPU, not a \
@@ -141,39 +196,58 @@ impl AdapterSummary {
         }
         lines
     }
-}
 
-#[cfg(feature = "wgpu")]
-impl From<&burn::tensor::wgpu::wgpu::AdapterInfo> for AdapterSummary {
-    fn from(i: &burn::tensor::wgpu::wgpu::AdapterInfo) -> Self {
+    fn from_info(i: &burn::tensor::wgpu::wgpu::AdapterInfo, device: &Device) -> Self {
+        let (compiler, cooperative_matrix, memory) = runtime_facts(device);
         AdapterSummary {
             name: i.name.clone(),
             device_type: format!("{:?}", i.device_type),
             backend: format!("{:?}", i.backend),
             driver: i.driver.clone(),
             driver_info: i.driver_info.clone(),
+            compiler,
+            precisions: supported_precisions(device),
+            cooperative_matrix,
+            memory,
         }
+    }
+}
+
+/// The GPU runtime's own account of `device`: the shader compiler its kernels go through (from
+/// the runtime's name, `wgpu<spirv>`), the cooperative-matrix shapes it registered, and the
+/// memory it reports.
+fn runtime_facts(device: &Device) -> (String, usize, Option<u64>) {
+    match device.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(cube) => {
+            let client = cube.client();
+            let name = client.name();
+            let compiler = match name {
+                n if n.contains("spirv") => "SPIR-V",
+                n if n.contains("msl") => "MSL",
+                n if n.contains("wgsl") => "WGSL",
+                other => other,
+            };
+            let props = client.properties();
+            (
+                compiler.to_string(),
+                props.features.matmul.cmma.len(),
+                props.memory.max_memory(),
+            )
+        }
+        _ => ("none".to_string(), 0, None),
     }
 }
 
 /// The wgpu device and its adapter, brought up once per process (the runtime can be initialised
 /// only once; every later model shares the device).
-#[cfg(feature = "wgpu")]
 static WGPU: std::sync::OnceLock<std::result::Result<(Device, AdapterSummary), String>> =
     std::sync::OnceLock::new();
 
 /// The adapter the wgpu backend runs on, once [`device`] has brought it up.
-#[cfg(feature = "wgpu")]
 pub fn wgpu_adapter() -> Option<AdapterSummary> {
     WGPU.get()?.as_ref().ok().map(|(_, a)| a.clone())
 }
 
-#[cfg(not(feature = "wgpu"))]
-pub fn wgpu_adapter() -> Option<AdapterSummary> {
-    None
-}
-
-#[cfg(feature = "wgpu")]
 fn wgpu_device() -> Result<Device> {
     let up = WGPU.get_or_init(|| {
         let r = init_wgpu();
@@ -194,16 +268,70 @@ fn wgpu_device() -> Result<Device> {
     }
 }
 
-/// Bring up the default wgpu device, keeping the adapter wgpu chose, and check it computes.
-#[cfg(feature = "wgpu")]
+/// The Vulkan extension without which cubecl's SPIR-V compiler (0.11.3, and its main branch as of
+/// August 2026) declares workgroup (shared) memory as a pointer to a pointer: `spirv-val` rejects
+/// such kernels and Mesa's lavapipe crashes compiling them. NVIDIA's, AMD's (RADV) and Intel's
+/// (ANV) drivers have it; lavapipe (Mesa 22.3 to 25.0) does not.
+const SPIRV_NEEDS: &std::ffi::CStr = c"VK_KHR_workgroup_memory_explicit_layout";
+
+/// Whether `adapter` lacks what the SPIR-V kernels need ([`SPIRV_NEEDS`]): only a Vulkan adapter
+/// can, and only on the SPIR-V compiler.
+#[cfg(not(target_os = "macos"))]
+fn spirv_unsafe(adapter: &burn::tensor::wgpu::wgpu::Adapter, compiler: &str) -> bool {
+    use burn::tensor::wgpu::wgpu::hal;
+    if compiler != "SPIR-V" {
+        return false;
+    }
+    // SAFETY: the hal adapter is only read, while `adapter` is alive.
+    let hal_adapter = unsafe { adapter.as_hal::<hal::api::Vulkan>() };
+    hal_adapter.is_some_and(|a| {
+        !a.physical_device_capabilities()
+            .supports_extension(SPIRV_NEEDS)
+    })
+}
+
+#[cfg(target_os = "macos")]
+fn spirv_unsafe(_: &burn::tensor::wgpu::wgpu::Adapter, _: &str) -> bool {
+    false
+}
+
+/// Bring up the default wgpu device, keeping the adapter wgpu chose, and check it computes. A
+/// Vulkan adapter whose SPIR-V kernels would be invalid ([`spirv_unsafe`]) is left before any
+/// kernel runs on it, for the same GPU through the next graphics API (OpenGL on Linux, Direct3D
+/// 12 on Windows), where the kernels are compiled from WGSL.
 fn init_wgpu() -> std::result::Result<(Device, AdapterSummary), String> {
+    use burn::tensor::wgpu::WgpuBackend;
+    let up = |api: WgpuBackend| {
+        Device::wgpu_options()
+            .device_kind(burn::tensor::DeviceKind::DefaultDevice)
+            .graphics_api(api)
+            .init_with_setup()
+            .map_err(|e| e.to_string())
+    };
     // A missing adapter can panic inside the runtime: turn that into an error too.
     let init = std::panic::catch_unwind(|| {
-        let (device, setup) = Device::wgpu_options()
-            .device_kind(burn::tensor::DeviceKind::DefaultDevice)
-            .init_with_setup()
-            .map_err(|e| e.to_string())?;
-        let adapter = AdapterSummary::from(&setup.adapter.get_info());
+        let (mut device, mut setup) = up(WgpuBackend::Auto)?;
+        let first = runtime_facts(&device).0;
+        if spirv_unsafe(&setup.adapter, &first) {
+            let fallback = if cfg!(windows) {
+                WgpuBackend::Dx12
+            } else {
+                WgpuBackend::Gl
+            };
+            eprintln!(
+                "note: the Vulkan driver of {:?} lacks {}, without which Burn's SPIR-V kernels \
+                 are invalid (cubecl 0.11.3); running WGSL kernels through {fallback:?} instead",
+                setup.adapter.get_info().name,
+                SPIRV_NEEDS.to_string_lossy(),
+            );
+            (device, setup) = up(fallback).map_err(|e| {
+                format!(
+                    "the Vulkan driver lacks {}, and {fallback:?} has no adapter either: {e}",
+                    SPIRV_NEEDS.to_string_lossy()
+                )
+            })?;
+        }
+        let adapter = AdapterSummary::from_info(&setup.adapter.get_info(), &device);
         let t = Tensor::<1>::from_data(TensorData::new(vec![1.0f32, 2.0], [2]), &device);
         let sum = t
             .sum()
@@ -221,19 +349,67 @@ fn init_wgpu() -> std::result::Result<(Device, AdapterSummary), String> {
     });
     match init {
         Ok(r) => r,
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "the runtime panicked".into())),
+        Err(panic) => Err(panic_text(&panic)),
     }
 }
 
-#[cfg(not(feature = "wgpu"))]
-fn wgpu_device() -> Result<Device> {
-    bail!(
-        "this build has no wgpu backend: rebuild with the `wgpu` feature of decision-train (on by default)"
-    )
+/// What went wrong on a GPU, read from the runtime's message (Burn's GPU runtime reports a
+/// failed allocation, a lost device or a kernel it cannot run by panicking at the next read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuFailure {
+    /// An allocation the device's memory could not hold.
+    OutOfMemory,
+    /// The device went away or faulted (a driver reset, a hang, a poisoned device).
+    DeviceLost,
+    /// A kernel this adapter cannot compile or run.
+    Kernel,
+}
+
+impl GpuFailure {
+    /// The failure `message` describes, if it is one of the three.
+    pub fn of(message: &str) -> Option<Self> {
+        let m = message.to_lowercase();
+        let any = |words: &[&str]| words.iter().any(|w| m.contains(w));
+        if any(&[
+            "out of memory",
+            "out of device memory",
+            "outofmemory",
+            "out_of_device_memory",
+            "can't allocate buffer",
+            "cannot allocate",
+        ]) {
+            Some(GpuFailure::OutOfMemory)
+        } else if any(&[
+            "device lost",
+            "devicelost",
+            "device_lost",
+            "poisoned",
+            "lost device",
+        ]) {
+            Some(GpuFailure::DeviceLost)
+        } else if any(&[
+            "compil",
+            "shader",
+            "validation error",
+            "spir-v",
+            "spirv",
+            "unsupported",
+            "pipeline",
+        ]) {
+            Some(GpuFailure::Kernel)
+        } else {
+            None
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "the runtime panicked".into())
 }
 
 /// Whether to switch off Mesa's device-select Vulkan layer for this process: only on a headless
@@ -249,7 +425,6 @@ fn wgpu_device() -> Result<Device> {
 pub fn headless_device_select_off(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
     let set = |k: &str| var(k).is_some_and(|v| !v.is_empty());
     cfg!(target_os = "linux")
-        && WGPU_BUILT
         && !["WAYLAND_DISPLAY", "DISPLAY", "XDG_RUNTIME_DIR"]
             .into_iter()
             .any(set)
@@ -270,18 +445,54 @@ pub unsafe fn quiet_headless_vulkan() {
     }
 }
 
-/// Check that `device` computes in `precision`.
-pub fn check_precision(device: &Device, backend: Backend, precision: Precision) -> Result<DType> {
-    let dtype = precision.dtype();
-    if !device.supports_dtype(dtype) {
-        let other = [Precision::F16, Precision::Bf16]
-            .into_iter()
-            .filter(|&p| p != precision && device.supports_dtype(p.dtype()))
-            .map(|p| format!("{p}, "))
-            .collect::<String>();
-        bail!("the {backend} backend does not support {precision} on this machine; use {other}f32");
+/// The precisions `device` computes, in [`Precision::PREFERENCE`] order; f32 always.
+pub fn supported_precisions(device: &Device) -> Vec<Precision> {
+    Precision::PREFERENCE
+        .into_iter()
+        .filter(|p| *p == Precision::F32 || p.dtype().is_some_and(|d| device.supports_dtype(d)))
+        .collect()
+}
+
+/// `requested` on `device`: `auto` becomes the first of [`Precision::PREFERENCE`] the device
+/// computes; an explicit precision the device lacks is an error naming those it has.
+pub fn resolve_precision(
+    device: &Device,
+    backend: Backend,
+    requested: Precision,
+) -> Result<Precision> {
+    let supported = supported_precisions(device);
+    if requested == Precision::Auto {
+        return Ok(supported[0]);
     }
-    Ok(dtype)
+    if !supported.contains(&requested) {
+        bail!(
+            "{}; use {} or auto",
+            unsupported(backend, requested, &supported),
+            supported
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(requested)
+}
+
+/// `the wgpu backend (SPIR-V on "NAME") does not compute bf16`: the start of every refusal of a
+/// precision, naming the device where it is a GPU.
+pub fn unsupported(backend: Backend, requested: Precision, supported: &[Precision]) -> String {
+    let on = match (backend, wgpu_adapter()) {
+        (Backend::Wgpu, Some(a)) => format!(" ({})", a.short()),
+        _ => String::new(),
+    };
+    let list = supported
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "the {backend} backend{on} does not compute {requested} on this machine; it computes {list}"
+    )
 }
 
 #[cfg(test)]
@@ -295,6 +506,10 @@ mod tests {
             backend: "Vulkan".into(),
             driver: driver.into(),
             driver_info: info.into(),
+            compiler: "SPIR-V".into(),
+            precisions: vec![Precision::F16, Precision::F32],
+            cooperative_matrix: 0,
+            memory: None,
         }
     }
 
@@ -319,9 +534,9 @@ mod tests {
         for a in &software {
             assert!(a.is_software(), "{a:?}");
             let r = a.report();
-            assert_eq!(r.len(), 2, "{r:?}");
+            assert_eq!(r.len(), 3, "{r:?}");
             assert!(r[0].contains(&a.name) && r[0].contains(&a.device_type));
-            assert!(r[1].contains("slower than `--backend cpu`"), "{r:?}");
+            assert!(r[2].contains("slower than `--backend cpu`"), "{r:?}");
         }
         let gpus = [
             adapter(
@@ -348,13 +563,76 @@ mod tests {
         ];
         for a in &gpus {
             assert!(!a.is_software(), "{a:?}");
-            assert_eq!(a.report().len(), 1);
+            assert_eq!(a.report().len(), 2);
         }
         assert_eq!(
             software[0].describe(),
             "\"llvmpipe (LLVM 15.0.6, 256 bits)\" (Cpu, Vulkan; driver llvmpipe, Mesa 22.3.6 \
              (LLVM 15.0.6))"
         );
+    }
+
+    #[test]
+    fn the_report_names_the_compiler_precisions_tensor_cores_and_memory() {
+        let mut a = adapter("NVIDIA H200", "DiscreteGpu", "NVIDIA", "580.65");
+        assert_eq!(
+            a.report()[1],
+            "wgpu kernels: SPIR-V compiler; computes f16, f32 (not bf16); no cooperative-matrix \
+             (tensor-core) matmul"
+        );
+        a.compiler = "MSL".into();
+        a.precisions = Precision::PREFERENCE.to_vec();
+        a.cooperative_matrix = 6;
+        a.memory = Some(24 << 30);
+        assert_eq!(
+            a.report()[1],
+            "wgpu kernels: MSL compiler; computes bf16, f16, f32; cooperative-matrix (tensor-core) \
+             matmul, 6 shapes; 24.00 GiB device memory"
+        );
+        assert_eq!(a.short(), "MSL on \"NVIDIA H200\"");
+    }
+
+    #[test]
+    fn auto_takes_the_narrowest_float_the_cpu_computes() {
+        let cpu = Device::flex();
+        let supported = supported_precisions(&cpu);
+        assert_eq!(supported[0], Precision::Bf16, "{supported:?}");
+        assert_eq!(
+            resolve_precision(&cpu, Backend::Cpu, Precision::Auto).unwrap(),
+            Precision::Bf16
+        );
+        for p in Precision::PREFERENCE {
+            assert_eq!(resolve_precision(&cpu, Backend::Cpu, p).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn gpu_failures_are_told_apart_by_the_runtimes_messages() {
+        use GpuFailure::*;
+        for (message, want) in [
+            (
+                "Error while reading data: An error happened during execution\nCaused by:\n  \
+                 out of device memory allocating 4294967296 bytes",
+                Some(OutOfMemory),
+            ),
+            ("can't allocate buffer of size: 123", Some(OutOfMemory)),
+            (
+                "Vulkan error: ERROR_OUT_OF_DEVICE_MEMORY",
+                Some(OutOfMemory),
+            ),
+            (
+                "The device is poisoned\nCaused by:\n  illegal address",
+                Some(DeviceLost),
+            ),
+            ("Parent device is lost (DeviceLost)", Some(DeviceLost)),
+            (
+                "failed to compile kernel matmul_f16: SPIR-V validation error",
+                Some(Kernel),
+            ),
+            ("index out of bounds: the len is 3 but the index is 7", None),
+        ] {
+            assert_eq!(GpuFailure::of(message), want, "{message}");
+        }
     }
 
     #[test]
@@ -367,7 +645,7 @@ mod tests {
                     .map(|(_, v)| std::ffi::OsString::from(v))
             }
         };
-        let headless = cfg!(target_os = "linux") && WGPU_BUILT;
+        let headless = cfg!(target_os = "linux");
         assert_eq!(headless_device_select_off(env(&[])), headless);
         assert_eq!(
             headless_device_select_off(env(&[("XDG_RUNTIME_DIR", "")])),

@@ -52,6 +52,16 @@ pub struct TrainerState {
     pub tokens: u64,
     /// Mean training loss of each optimizer step so far.
     pub losses: Vec<f32>,
+    /// The dtype the frozen base computes in: `[train] dtype` as resolved on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<crate::Precision>,
+    /// The dynamic loss scale, when the run scales its loss (`[train] loss_scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::f16_safety::LossScaler>,
+    /// Projections computed in f32 since their f16 product overflowed (`[train]
+    /// f16_overflow`), by checkpoint path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub f32_projections: Vec<String>,
 }
 
 impl TrainerState {
@@ -64,6 +74,9 @@ impl TrainerState {
             seed,
             tokens: 0,
             losses: Vec::new(),
+            dtype: None,
+            loss_scale: None,
+            f32_projections: Vec::new(),
         }
     }
 }

@@ -84,7 +84,9 @@ impl DecisionModel {
         };
         let files = weights::weight_files(dir)?;
         let device = backend::device(opts.backend)?;
-        let dtype = backend::check_precision(&device, opts.backend, opts.precision)?;
+        let dtype = backend::resolve_precision(&device, opts.backend, opts.precision)?
+            .dtype()
+            .expect("a resolved precision names a dtype");
         let model = weights::load_model(&config, &files, &md.origin, &device, dtype)?;
         Self::from_parts(config, model, tokenizer, spec, &md.origin)
     }

@@ -21,6 +21,7 @@ mod calibration;
 mod checkpoint;
 pub mod data_order;
 pub mod eval;
+pub mod f16_safety;
 pub mod lora;
 mod loss;
 mod metrics;

@@ -93,29 +93,20 @@ impl LoraSpec {
 
 /// The projections of layer `layer`, by their Hugging Face names.
 pub(crate) fn projections_mut(model: &mut Qwen3, layer: usize) -> [(&'static str, &mut Proj); 7] {
-    let l = &mut model.model.layers[layer];
-    [
-        ("q_proj", &mut l.self_attn.q_proj),
-        ("k_proj", &mut l.self_attn.k_proj),
-        ("v_proj", &mut l.self_attn.v_proj),
-        ("o_proj", &mut l.self_attn.o_proj),
-        ("gate_proj", &mut l.mlp.gate_proj),
-        ("up_proj", &mut l.mlp.up_proj),
-        ("down_proj", &mut l.mlp.down_proj),
-    ]
+    model.model.layers[layer]
+        .projections_mut()
+        .map(|(path, proj)| (short_name(path), proj))
 }
 
 fn projections(model: &Qwen3, layer: usize) -> [(&'static str, &Proj); 7] {
-    let l = &model.model.layers[layer];
-    [
-        ("q_proj", &l.self_attn.q_proj),
-        ("k_proj", &l.self_attn.k_proj),
-        ("v_proj", &l.self_attn.v_proj),
-        ("o_proj", &l.self_attn.o_proj),
-        ("gate_proj", &l.mlp.gate_proj),
-        ("up_proj", &l.mlp.up_proj),
-        ("down_proj", &l.mlp.down_proj),
-    ]
+    model.model.layers[layer]
+        .projections()
+        .map(|(path, proj)| (short_name(path), proj))
+}
+
+/// `q_proj` of `self_attn.q_proj`: the names LoRA targets use.
+fn short_name(path: &'static str) -> &'static str {
+    path.rsplit_once('.').map_or(path, |(_, name)| name)
 }
 
 /// Freeze the whole model and attach fresh adapters (PEFT initialisation) to `spec.targets`.

@@ -1,7 +1,8 @@
 //! One training micro-batch's forward and backward passes: the states encoded into a padded
 //! batch, the loss (decision loss, plus the optional next-token term), and the gradients, with
-//! the micro-batch split into `[train] shards` that run side by side and `[train] recompute`'s
-//! layer recomputation.
+//! the micro-batch split into `[train] shards` that run side by side, `[train] recompute`'s
+//! layer recomputation, the dynamic loss scale and, on an f16 base, the products' overflow
+//! flags (`crate::f16_safety`).
 
 use anyhow::Result;
 use burn::module::Module;
@@ -9,15 +10,47 @@ use burn::optim::GradientsParams;
 use decision_data::State;
 
 use crate::decision_model::DecisionModel;
+use crate::f16_safety::ProductChecks;
 use crate::loss::{LossTargets, LossWeights, batch_loss};
 use crate::model::{Batch, Qwen3};
 use crate::run_config::RunConfig;
 
-/// What one shard of a micro-batch contributes: its gradients, its (scaled) loss, its tokens.
+/// What one shard of a micro-batch contributes: its gradients (multiplied by the loss scale),
+/// its share of the loss (not), its tokens, and the f16 products that overflowed in its forward
+/// pass (their checkpoint paths; then the gradients are not to be used).
 pub(crate) struct ShardOut {
     pub grads: GradientsParams,
     pub loss: f32,
     pub tokens: u64,
+    pub overflowed: Vec<String>,
+}
+
+/// How [`passes`] runs a micro-batch: what it takes of the run config, and the step's state.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PassPlan {
+    pub shards: usize,
+    pub grad_accum: usize,
+    pub recompute: bool,
+    pub weights: LossWeights,
+    pub lm_weight: f32,
+    /// Multiplies the loss before the backward pass (1 without dynamic loss scaling).
+    pub loss_scale: f32,
+    /// Flag the forward pass's f16 products on the device (an f16 base).
+    pub check_products: bool,
+}
+
+impl PassPlan {
+    pub fn new(cfg: &RunConfig, weights: LossWeights) -> Self {
+        Self {
+            shards: cfg.train.shards,
+            grad_accum: cfg.optim.grad_accum,
+            recompute: cfg.train.recompute,
+            weights,
+            lm_weight: cfg.loss.lm_weight,
+            loss_scale: 1.0,
+            check_products: false,
+        }
+    }
 }
 
 /// Forward and backward over the micro-batch `states`, in shards on Burn's rayon pool (so that
@@ -28,20 +61,19 @@ pub(crate) fn passes(
     model: &Qwen3,
     dm: &DecisionModel,
     states: &[State],
-    cfg: &RunConfig,
-    weights: LossWeights,
+    plan: PassPlan,
 ) -> Vec<Result<ShardOut>> {
-    let n_shards = cfg.train.shards.min(states.len()).max(1);
+    let n_shards = plan.shards.min(states.len()).max(1);
     let per = states.len().div_ceil(n_shards);
     let pieces: Vec<&[State]> = states.chunks(per).collect();
     let run_shard = |piece: &[State]| {
         let share = piece.len() as f32 / states.len() as f32;
-        let scale = share / cfg.optim.grad_accum as f32;
+        let scale = share / plan.grad_accum as f32;
         if n_shards == 1 {
-            shard_pass(model, dm, piece, weights, cfg, scale)
+            shard_pass(model, dm, piece, plan, scale)
         } else {
             let own = fresh_leaves(model);
-            shard_pass(&own, dm, piece, weights, cfg, scale)
+            shard_pass(&own, dm, piece, plan, scale)
         }
     };
     if pieces.len() == 1 {
@@ -110,18 +142,21 @@ fn fresh_leaves(model: &Qwen3) -> Qwen3 {
     model.clone().map(&mut Reroot)
 }
 
-/// Forward and backward over one shard of a micro-batch; the loss is multiplied by `scale` (the
-/// shard's share of the batch over the accumulation steps) before the backward pass.
+/// Forward and backward over one shard of a micro-batch; the loss is multiplied by `share` (the
+/// shard's share of the batch over the accumulation steps) and the loss scale before the
+/// backward pass.
 fn shard_pass(
     model: &Qwen3,
     dm: &DecisionModel,
     states: &[State],
-    weights: LossWeights,
-    cfg: &RunConfig,
-    scale: f32,
+    plan: PassPlan,
+    share: f32,
 ) -> Result<ShardOut> {
+    let weights = plan.weights;
     let mb = micro_batch(dm, states, weights.teacher_blend)?;
-    let lm_weight = cfg.loss.lm_weight;
+    let lm_weight = plan.lm_weight;
+    let scale = share * plan.loss_scale;
+    let checks = plan.check_products.then(ProductChecks::new);
     // The loss from the last decoder layer's output `[b, s, hidden]`, in f32.
     let head = |decoded: burn::tensor::Tensor<3>| {
         let [b, s, h] = decoded.dims();
@@ -142,10 +177,10 @@ fn shard_pass(
         };
         loss.mul_scalar(scale)
     };
-    let (value, grads) = if cfg.train.recompute {
-        crate::recompute::loss_and_grads(model, &mb.batch, head)
+    let (value, grads) = if plan.recompute {
+        crate::recompute::loss_and_grads(model, &mb.batch, head, checks.as_ref())
     } else {
-        let loss = head(model.decode(&mb.batch));
+        let loss = head(model.decode_checked(&mb.batch, checks.as_ref()));
         let value: f32 = loss.clone().into_scalar();
         let grads = if value.is_finite() {
             GradientsParams::from_grads(loss.backward(), model)
@@ -156,8 +191,9 @@ fn shard_pass(
     };
     Ok(ShardOut {
         grads,
-        loss: value,
+        loss: value / plan.loss_scale,
         tokens: mb.tokens,
+        overflowed: checks.map(|c| c.overflowed()).unwrap_or_default(),
     })
 }
 

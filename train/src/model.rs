@@ -16,6 +16,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, FloatDType};
 
 use crate::config::Qwen3Config;
+use crate::f16_safety::ProductChecks;
 
 /// A linear projection `y = x·W (+ b)`, with `W` held as `[d_in, d_out]` (Burn's layout; the
 /// checkpoint's `[d_out, d_in]` is transposed on load and save).
@@ -37,6 +38,17 @@ impl Proj {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.forward_checked(x, None, "")
+    }
+
+    /// [`Self::forward`], with an f16 product's output flagged in `checks` (under `path`, the
+    /// projection's path inside its layer) when it is not finite.
+    pub fn forward_checked<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        checks: Option<&ProductChecks>,
+        path: &'static str,
+    ) -> Tensor<D> {
         // Fold the leading axes into rows: one `[rows, d_in]·[d_in, d_out]` product instead of a
         // broadcast batched matmul of small per-row matrices, and in the backward pass one weight
         // gradient product instead of one per batch row plus a sum.
@@ -52,7 +64,12 @@ impl Proj {
             // A bf16 / f16 base: the product in the weights' dtype, the output back in the
             // activations' (f32), so the residual stream and the adapter's delta stay f32.
             let dtype = x.dtype();
-            linear(x.clone().cast(weight.dtype()), weight, bias).cast(dtype)
+            let half = weight.dtype();
+            let y = linear(x.clone().cast(half), weight, bias);
+            if let Some(c) = checks.filter(|_| half == DType::F16) {
+                c.record(path, &y);
+            }
+            y.cast(dtype)
         };
         let y = match &self.lora {
             Some(adapter) => y + adapter.delta(x),
@@ -176,8 +193,13 @@ pub struct Attention {
 }
 
 impl Attention {
-    pub fn forward(&self, x: Tensor<3>, inputs: &LayerInputs) -> Tensor<3> {
-        let (q, k, v) = self.qkv(x, inputs);
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        inputs: &LayerInputs,
+        checks: Option<&ProductChecks>,
+    ) -> Tensor<3> {
+        let (q, k, v) = self.qkv(x, inputs, checks);
         let groups = self.num_heads / self.num_kv_heads;
         let out = attention(
             q,
@@ -191,23 +213,32 @@ impl Attention {
                 is_causal: false,
             },
         );
-        self.output(out)
+        self.output(out, checks)
     }
 
     /// Queries `[b, heads, s, d]`, keys and values `[b, kv_heads, s, d]`: projected, normed
     /// (q, k) and rotated (q, k), before the key/value heads are shared out.
-    pub fn qkv(&self, x: Tensor<3>, inputs: &LayerInputs) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    pub fn qkv(
+        &self,
+        x: Tensor<3>,
+        inputs: &LayerInputs,
+        checks: Option<&ProductChecks>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, s, _] = x.dims();
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self
-            .q_norm
-            .forward(self.q_proj.forward(x.clone()).reshape([b, s, h, d]));
-        let k = self
-            .k_norm
-            .forward(self.k_proj.forward(x.clone()).reshape([b, s, kvh, d]));
+        let q = self.q_norm.forward(
+            self.q_proj
+                .forward_checked(x.clone(), checks, "self_attn.q_proj")
+                .reshape([b, s, h, d]),
+        );
+        let k = self.k_norm.forward(
+            self.k_proj
+                .forward_checked(x.clone(), checks, "self_attn.k_proj")
+                .reshape([b, s, kvh, d]),
+        );
         let v = self
             .v_proj
-            .forward(x)
+            .forward_checked(x, checks, "self_attn.v_proj")
             .reshape([b, s, kvh, d])
             .swap_dims(1, 2);
         let q = rope(q.swap_dims(1, 2), &inputs.cos, &inputs.sin);
@@ -221,10 +252,13 @@ impl Attention {
     }
 
     /// The heads' outputs `[b, heads, s, d]` through `o_proj`: `[b, s, hidden]`.
-    pub fn output(&self, heads: Tensor<4>) -> Tensor<3> {
+    pub fn output(&self, heads: Tensor<4>, checks: Option<&ProductChecks>) -> Tensor<3> {
         let [b, h, s, d] = heads.dims();
-        self.o_proj
-            .forward(heads.swap_dims(1, 2).reshape([b, s, h * d]))
+        self.o_proj.forward_checked(
+            heads.swap_dims(1, 2).reshape([b, s, h * d]),
+            checks,
+            "self_attn.o_proj",
+        )
     }
 }
 
@@ -256,9 +290,14 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+    pub fn forward(&self, x: Tensor<3>, checks: Option<&ProductChecks>) -> Tensor<3> {
+        let gate = silu(
+            self.gate_proj
+                .forward_checked(x.clone(), checks, "mlp.gate_proj"),
+        );
+        let up = self.up_proj.forward_checked(x, checks, "mlp.up_proj");
+        self.down_proj
+            .forward_checked(gate * up, checks, "mlp.down_proj")
     }
 }
 
@@ -271,12 +310,49 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    pub fn forward(&self, x: Tensor<3>, inputs: &LayerInputs) -> Tensor<3> {
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        inputs: &LayerInputs,
+        checks: Option<&ProductChecks>,
+    ) -> Tensor<3> {
         let x = x.clone()
             + self
                 .self_attn
-                .forward(self.input_layernorm.forward(x), inputs);
-        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+                .forward(self.input_layernorm.forward(x), inputs, checks);
+        x.clone()
+            + self
+                .mlp
+                .forward(self.post_attention_layernorm.forward(x), checks)
+    }
+
+    /// The layer's seven projections with their paths inside it (`self_attn.q_proj` ...
+    /// `mlp.down_proj`).
+    pub fn projections(&self) -> [(&'static str, &Proj); 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            ("self_attn.q_proj", &a.q_proj),
+            ("self_attn.k_proj", &a.k_proj),
+            ("self_attn.v_proj", &a.v_proj),
+            ("self_attn.o_proj", &a.o_proj),
+            ("mlp.gate_proj", &m.gate_proj),
+            ("mlp.up_proj", &m.up_proj),
+            ("mlp.down_proj", &m.down_proj),
+        ]
+    }
+
+    /// [`Self::projections`], mutable.
+    pub fn projections_mut(&mut self) -> [(&'static str, &mut Proj); 7] {
+        let (a, m) = (&mut self.self_attn, &mut self.mlp);
+        [
+            ("self_attn.q_proj", &mut a.q_proj),
+            ("self_attn.k_proj", &mut a.k_proj),
+            ("self_attn.v_proj", &mut a.v_proj),
+            ("self_attn.o_proj", &mut a.o_proj),
+            ("mlp.gate_proj", &mut m.gate_proj),
+            ("mlp.up_proj", &mut m.up_proj),
+            ("mlp.down_proj", &mut m.down_proj),
+        ]
     }
 
     /// The first half of [`forward`](Self::forward), up to the attention core: `(q, k, v)` as
@@ -285,15 +361,25 @@ impl DecoderLayer {
         &self,
         x: Tensor<3>,
         inputs: &LayerInputs,
+        checks: Option<&ProductChecks>,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        self.self_attn.qkv(self.input_layernorm.forward(x), inputs)
+        self.self_attn
+            .qkv(self.input_layernorm.forward(x), inputs, checks)
     }
 
     /// The second half: the layer's output from its input `x` and the attention heads' outputs
     /// `[b, heads, s, d]`.
-    pub fn finish(&self, x: Tensor<3>, heads: Tensor<4>) -> Tensor<3> {
-        let x = x + self.self_attn.output(heads);
-        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    pub fn finish(
+        &self,
+        x: Tensor<3>,
+        heads: Tensor<4>,
+        checks: Option<&ProductChecks>,
+    ) -> Tensor<3> {
+        let x = x + self.self_attn.output(heads, checks);
+        x.clone()
+            + self
+                .mlp
+                .forward(self.post_attention_layernorm.forward(x), checks)
     }
 }
 
@@ -510,6 +596,11 @@ impl Qwen3 {
 
     /// Hidden states of every position after the last decoder layer, before the final norm.
     pub fn decode(&self, batch: &Batch) -> Tensor<3> {
+        self.decode_checked(batch, None)
+    }
+
+    /// [`Self::decode`], with every f16 product flagged in `checks`.
+    pub fn decode_checked(&self, batch: &Batch, checks: Option<&ProductChecks>) -> Tensor<3> {
         let device = self.device();
         let inputs = LayerInputs::new(batch, self.head_dim(), self.rope_theta, &device);
         let mut x = self.embed(
@@ -517,8 +608,11 @@ impl Qwen3 {
             self.token_values(),
             batch,
         );
-        for layer in &self.model.layers {
-            x = layer.forward(x, &inputs);
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            if let Some(c) = checks {
+                c.at_layer(i);
+            }
+            x = layer.forward(x, &inputs, checks);
         }
         x
     }

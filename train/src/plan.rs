@@ -14,7 +14,9 @@
 use std::fmt::Write as _;
 
 use anyhow::{Result, bail};
+use burn::tensor::Device;
 
+use crate::backend::{self, Backend, Precision};
 use crate::config::Qwen3Config;
 use crate::run_config::{Mode, RunConfig};
 
@@ -56,11 +58,53 @@ fn shards(cfg: &RunConfig, threads: usize) -> (u64, u64) {
     (rows as u64, n.min(threads.max(1)) as u64)
 }
 
+/// Bytes per weight of the base. `auto` is planned as a half-width dtype, what it resolves to
+/// wherever the device computes one ([`resolve_dtype`] resolves it before a run plans).
 fn width(cfg: &RunConfig) -> u64 {
     match (cfg.train.mode, cfg.train.dtype) {
-        (Mode::Full, _) | (_, crate::Precision::F32) => 4,
+        (Mode::Full, _) | (_, Precision::F32) => 4,
         _ => 2,
     }
+}
+
+/// `cfg` with `[train] dtype` as `device` will run it: `auto` becomes the narrowest float the
+/// device computes (bf16, else f16, else f32; f32 for full fine-tuning, which trains in f32). An
+/// explicit dtype the device lacks is an error naming those it computes and what each would
+/// plan to.
+pub fn resolve_dtype(cfg: &RunConfig, device: &Device) -> Result<RunConfig> {
+    let mut out = cfg.clone();
+    let supported = backend::supported_precisions(device);
+    match cfg.train.dtype {
+        Precision::Auto if cfg.train.mode == Mode::Full => out.train.dtype = Precision::F32,
+        Precision::Auto => out.train.dtype = supported[0],
+        p if supported.contains(&p) => {}
+        p => {
+            let planned = architecture(cfg).map(|arch| {
+                supported
+                    .iter()
+                    .map(|&q| {
+                        let mut c = cfg.clone();
+                        c.train.dtype = q;
+                        format!("--set train.dtype={q} plans {}", gib(plan(&c, &arch).total))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            let choices = match planned {
+                Ok(list) => list,
+                Err(_) => supported
+                    .iter()
+                    .map(|q| format!("--set train.dtype={q}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            bail!(
+                "{}: {choices}; or `dtype = \"auto\"` takes the narrowest of them",
+                backend::unsupported(cfg.train.backend, p, &supported)
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Plan `cfg` for the architecture `arch`.
@@ -255,7 +299,7 @@ impl MemoryPlan {
         }
         let mut fits = Vec::new();
         let effective = cfg.train.batch_size * cfg.optim.grad_accum;
-        for (dtype, recompute) in [(cfg.train.dtype, true), (crate::Precision::Bf16, true)] {
+        for (dtype, recompute) in [(cfg.train.dtype, true), (dev.narrowest, true)] {
             for bs in [cfg.train.batch_size, 8, 4, 2, 1] {
                 if bs > cfg.train.batch_size {
                     continue;
@@ -274,7 +318,7 @@ impl MemoryPlan {
                     fits.push(format!(
                         "--set train.batch_size={bs} --set optim.grad_accum={} --set train.recompute=true{} ({})",
                         c.optim.grad_accum,
-                        if c.train.mode == Mode::Lora && dtype != crate::Precision::F32 {
+                        if c.train.mode == Mode::Lora && dtype != Precision::F32 {
                             format!(" --set train.dtype={dtype}")
                         } else {
                             String::new()
@@ -301,18 +345,23 @@ impl MemoryPlan {
     }
 }
 
-/// How much memory a run may use on its device.
+/// How much memory a run may use on its device, and the narrowest float it computes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceMemory {
     pub bytes: u64,
     pub what: String,
+    /// The narrowest float precision the device computes: what a suggestion may set `[train]
+    /// dtype` to.
+    pub narrowest: Precision,
 }
 
-/// The memory of `backend`'s device: RAM (`MemTotal`) on the CPU, as far as this system says.
-/// `None` where it cannot be known (the wgpu adapter's memory is not exposed through Burn).
-pub fn device_memory(backend: crate::Backend) -> Option<DeviceMemory> {
+/// The memory of `backend`'s device: RAM (`MemTotal`) on the CPU, as far as this system says;
+/// on a GPU the largest device-local heap, where its runtime reports one (Vulkan does). `None`
+/// where it cannot be known.
+pub fn device_memory(backend: Backend, device: &Device) -> Option<DeviceMemory> {
+    let narrowest = backend::supported_precisions(device)[0];
     match backend {
-        crate::Backend::Cpu => {
+        Backend::Cpu => {
             let text = std::fs::read_to_string("/proc/meminfo").ok()?;
             let kb: u64 = text
                 .lines()
@@ -325,9 +374,17 @@ pub fn device_memory(backend: crate::Backend) -> Option<DeviceMemory> {
             Some(DeviceMemory {
                 bytes: kb * 1024,
                 what: "RAM".into(),
+                narrowest,
             })
         }
-        crate::Backend::Wgpu => None,
+        Backend::Wgpu => {
+            let adapter = backend::wgpu_adapter()?;
+            Some(DeviceMemory {
+                bytes: adapter.memory?,
+                what: format!("{:?}'s memory", adapter.name),
+                narrowest,
+            })
+        }
     }
 }
 
@@ -354,8 +411,8 @@ pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
 }
 
 /// The device memory to plan against: `DECISION_DEVICE_MEMORY` (GiB) when set, else what the
-/// system reports for the backend.
-pub fn device_limit(backend: crate::Backend) -> Result<Option<DeviceMemory>> {
+/// system reports for the backend's `device`.
+pub fn device_limit(backend: Backend, device: &Device) -> Result<Option<DeviceMemory>> {
     match std::env::var("DECISION_DEVICE_MEMORY") {
         Ok(v) => {
             let gib: f64 = v
@@ -369,9 +426,10 @@ pub fn device_limit(backend: crate::Backend) -> Result<Option<DeviceMemory>> {
             Ok(Some(DeviceMemory {
                 bytes: (gib * (1u64 << 30) as f64) as u64,
                 what: "DECISION_DEVICE_MEMORY".into(),
+                narrowest: backend::supported_precisions(device)[0],
             }))
         }
-        Err(_) => Ok(device_memory(backend)),
+        Err(_) => Ok(device_memory(backend, device)),
     }
 }
 

@@ -26,6 +26,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Tensor;
 use burn::tensor::activation::softmax;
 
+use crate::f16_safety::ProductChecks;
 use crate::model::{Batch, LayerInputs, Qwen3};
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
@@ -39,11 +40,13 @@ pub fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
 
 /// The loss (as `head` computes it from the last decoder layer's output `[b, s, hidden]`) and the
 /// gradients of every trainable parameter, by layer recomputation. `model` is on an autodiff
-/// device. A non-finite loss returns no gradients.
+/// device. A non-finite loss returns no gradients. The forward pass flags its f16 products in
+/// `checks` (the replays compute the same products again, and are not flagged twice).
 pub fn loss_and_grads(
     model: &Qwen3,
     batch: &Batch,
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
+    checks: Option<&ProductChecks>,
 ) -> (f32, GradientsParams) {
     let heads = model
         .model
@@ -51,7 +54,7 @@ pub fn loss_and_grads(
         .first()
         .map_or(1, |l| l.self_attn.num_heads);
     let chunk = query_chunk(batch.len(), heads, batch.seq_len());
-    loss_and_grads_in_blocks(model, batch, head, chunk)
+    loss_and_grads_in_blocks(model, batch, head, chunk, checks)
 }
 
 /// [`loss_and_grads`] with attention in blocks of `chunk` query rows.
@@ -60,6 +63,7 @@ fn loss_and_grads_in_blocks(
     batch: &Batch,
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
     chunk: usize,
+    checks: Option<&ProductChecks>,
 ) -> (f32, GradientsParams) {
     let plain = model.device().inner();
     let inputs = LayerInputs::new(batch, model.head_dim(), model.rope_theta, &plain);
@@ -77,12 +81,15 @@ fn loss_and_grads_in_blocks(
         batch,
     );
     let mut saved = Vec::with_capacity(model.model.layers.len());
-    for layer in &model.model.layers {
+    for (i, layer) in model.model.layers.iter().enumerate() {
         saved.push(x.clone());
+        if let Some(c) = checks {
+            c.at_layer(i);
+        }
         let layer = layer.valid();
-        let (q, k, v) = layer.attention_inputs(x.clone(), &inputs);
+        let (q, k, v) = layer.attention_inputs(x.clone(), &inputs, checks);
         let heads = attention_forward(&q, &k, &v, &bias, layer.self_attn.scale(), chunk);
-        x = layer.finish(x, heads);
+        x = layer.finish(x, heads, checks);
     }
 
     // 2. The head, from the last output as a leaf.
@@ -104,13 +111,13 @@ fn loss_and_grads_in_blocks(
         let scale = layer.self_attn.scale();
         // (q, k, v) from x, taped.
         let xa = x_in.clone().autodiff().require_grad();
-        let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs);
+        let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
         let out = attention_forward(&qp, &kp, &vp, &bias, scale, chunk);
         // (x, heads) → layer output, taped, and g pushed through it.
         let xc = x_in.autodiff().require_grad();
         let heads_leaf = out.clone().autodiff().require_grad();
-        let y = layer.finish(xc.clone(), heads_leaf.clone());
+        let y = layer.finish(xc.clone(), heads_leaf.clone(), None);
         let mut grads = (y * g).sum().backward();
         let g_heads = heads_leaf
             .grad_remove(&mut grads)
@@ -309,7 +316,7 @@ mod tests {
         let loss = head(model)(model.decode(&b));
         let want_loss: f32 = loss.clone().into_scalar();
         let want = gradients(model, &GradientsParams::from_grads(loss.backward(), model));
-        let (got_loss, grads) = loss_and_grads_in_blocks(model, &b, head(model), chunk);
+        let (got_loss, grads) = loss_and_grads_in_blocks(model, &b, head(model), chunk, None);
         let got = gradients(model, &grads);
         assert!((want_loss - got_loss).abs() <= 1e-5 * want_loss.abs().max(1.0));
         let names = |g: &[(String, Vec<f32>)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, Precision};
+use crate::f16_safety::{F16Overflow, LossScaleMode};
 
 /// The whole run config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,9 +231,10 @@ pub struct TrainSection {
     /// loss is the same, up to float rounding. A run reproduces for the same value.
     #[serde(default = "default_shards")]
     pub shards: usize,
-    /// The frozen base's dtype in LoRA mode: `f32`, `bf16` or `f16`, loaded straight from the
-    /// checkpoint's own dtype. Adapters, their gradients and the optimizer state stay f32; norms,
-    /// softmax and the loss compute in f32. Full fine-tuning trains in f32 only.
+    /// The frozen base's dtype in LoRA mode: `auto` (bf16 where the device computes it, else
+    /// f16, else f32), `f32`, `bf16` or `f16`, loaded straight from the checkpoint's own dtype.
+    /// Adapters, their gradients and the optimizer state stay f32; norms, softmax and the loss
+    /// compute in f32. Full fine-tuning trains in f32 only (`f32` or `auto`).
     #[serde(default)]
     pub dtype: Precision,
     /// Layer recomputation: keep only each decoder layer's input during the forward pass and
@@ -241,6 +243,14 @@ pub struct TrainSection {
     /// compute.
     #[serde(default)]
     pub recompute: bool,
+    /// Dynamic loss scaling of the backward pass (`crate::f16_safety`): `auto` (on for an f16
+    /// base), `dynamic`, `off`.
+    #[serde(default)]
+    pub loss_scale: LossScaleMode,
+    /// An f16 product that overflows: `f32` computes that projection in f32 from then on,
+    /// `stop` ends the run naming it.
+    #[serde(default)]
+    pub f16_overflow: F16Overflow,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -390,7 +400,9 @@ impl RunConfig {
                  irreproducible"
             );
         }
-        if self.train.dtype != Precision::F32 && self.train.mode != Mode::Lora {
+        if !matches!(self.train.dtype, Precision::F32 | Precision::Auto)
+            && self.train.mode != Mode::Lora
+        {
             bail!(
                 "[train] dtype = \"{}\" needs mode = \"lora\": full fine-tuning trains in f32 \
                  only (f32 master weights and optimizer state)",

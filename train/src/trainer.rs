@@ -60,9 +60,11 @@ use crate::checkpoint::{self, PendingCheckpoint, TrainerState};
 use crate::config::Qwen3Config;
 use crate::data_order::{Stream, load_run_states, mix_seed};
 use crate::decision_model::{DecisionModel, LoadOptions};
+use crate::f16_safety::F16Overflow;
 use crate::lora::{self, LoraSpec};
 use crate::loss::LossWeights;
 use crate::metrics::Report;
+use crate::micro_batch::PassPlan;
 use crate::model::Qwen3;
 use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm};
 use crate::peft::PeftAdapter;
@@ -94,16 +96,41 @@ pub struct TrainArgs {
     /// and without `[train] recompute`, against the device's memory) and exit without training.
     /// Every run checks the same plan first and refuses one that does not fit;
     /// DECISION_DEVICE_MEMORY=GiB sets the budget where the device's memory cannot be read.
+    /// `[train] dtype = "auto"` is planned as the dtype the device will run.
     #[arg(long)]
     pub plan: bool,
+    /// Shorthand for `--set train.backend=...`: `cpu` (Burn flex) or `wgpu` (the GPU: Metal's MSL
+    /// on macOS, Vulkan's SPIR-V elsewhere). A wgpu run first names the adapter, the compiler,
+    /// the dtypes the device computes and its memory.
+    #[arg(long, value_enum)]
+    pub backend: Option<crate::Backend>,
 }
 
 pub fn run(args: &TrainArgs) -> Result<std::process::ExitCode> {
-    let cfg = RunConfig::load(&args.config, &args.set)?;
+    let mut sets = args.set.clone();
+    if let Some(b) = args.backend {
+        sets.push(format!("train.backend={b}"));
+    }
+    let cfg = RunConfig::load(&args.config, &sets)?;
     if args.plan {
+        // The dtype the device will run, then the plan for it.
+        let gpu = crate::backend::device(cfg.train.backend)?;
+        let given = cfg.train.dtype;
+        let cfg = crate::plan::resolve_dtype(&cfg, &gpu)?;
+        if given != cfg.train.dtype {
+            println!(
+                "dtype: {given} -> {} (this device computes {})",
+                cfg.train.dtype,
+                crate::backend::supported_precisions(&gpu)
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         let arch = crate::plan::architecture(&cfg)?;
         let plan = crate::plan::plan(&cfg, &arch);
-        let device = crate::plan::device_limit(cfg.train.backend)?;
+        let device = crate::plan::device_limit(cfg.train.backend, &gpu)?;
         print!("{}", plan.render(&cfg, device.as_ref()));
         if let Some(dev) = &device {
             if let Err(e) = plan.check(&cfg, &arch, dev) {
@@ -184,11 +211,21 @@ pub struct TrainSummary {
 }
 
 /// Train according to `cfg` into `run_dir`.
-pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
+pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<TrainSummary> {
     let started = Instant::now();
-    check_run_folder(cfg, run_dir, opts.resume)?;
-    // The memory plan, before anything is loaded or written.
-    if let Some(dev) = crate::plan::device_limit(cfg.train.backend)? {
+    check_run_folder(given, run_dir, opts.resume)?;
+    // The dtype the device runs (`auto` resolved), then the memory plan for it, before anything
+    // is loaded or written. The run folder's run.toml keeps the config as given; the trainer and
+    // the checkpoints work with the resolved one.
+    let device = crate::backend::device(given.train.backend)?;
+    let cfg = &crate::plan::resolve_dtype(given, &device)?;
+    if cfg.train.dtype != given.train.dtype {
+        eprintln!(
+            "[train] dtype = \"{}\": the base computes in {} on this device",
+            given.train.dtype, cfg.train.dtype
+        );
+    }
+    if let Some(dev) = crate::plan::device_limit(cfg.train.backend, &device)? {
         let arch = crate::plan::architecture(cfg)?;
         crate::plan::plan(cfg, &arch).check(cfg, &arch, &dev)?;
     }
@@ -199,29 +236,102 @@ pub fn train(cfg: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<Tra
     } else {
         None
     };
-    decision_data::atomic::write_atomic(run_dir.join("run.toml"), cfg.to_toml().as_bytes())?;
+    decision_data::atomic::write_atomic(run_dir.join("run.toml"), given.to_toml().as_bytes())?;
     let (train_states, valid_states) = load_run_states(cfg, run_dir)?;
 
-    let mut t = Trainer::set_up(
-        cfg,
-        run_dir,
-        &train_states,
-        &valid_states,
-        resume_from,
-        opts.progress,
-        started,
-    )?;
-    while t.state.step < t.total_steps && opts.stop_after.is_none_or(|n| t.state.step < n) {
-        let step = t.step()?;
-        t.log_step(&step)?;
-        if t.eval_due() {
-            t.evaluate()?;
+    let run = || {
+        let mut t = Trainer::set_up(
+            cfg,
+            run_dir,
+            &train_states,
+            &valid_states,
+            resume_from,
+            opts.progress,
+            started,
+        )?;
+        while t.state.step < t.total_steps && opts.stop_after.is_none_or(|n| t.state.step < n) {
+            let step = t.step()?;
+            t.log_step(&step)?;
+            if t.eval_due() {
+                t.evaluate()?;
+            }
+            if t.checkpoint_due() {
+                t.checkpoint()?;
+            }
         }
-        if t.checkpoint_due() {
-            t.checkpoint()?;
+        t.finish()
+    };
+    if cfg.train.backend == crate::Backend::Cpu {
+        return run();
+    }
+    // Burn's GPU runtime reports a failed allocation, a lost device or a kernel it cannot run
+    // by panicking: such a run ends with an error that says which, what the plan needed and
+    // what to change. Nothing of the failed step is saved; the last checkpoint stands.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = crate::backend::panic_text(&panic);
+            match crate::backend::GpuFailure::of(&message) {
+                Some(failure) => Err(gpu_failure(cfg, &device, run_dir, failure, &message)),
+                None => std::panic::resume_unwind(panic),
+            }
         }
     }
-    t.finish()
+}
+
+/// The error of a GPU run that failed with `failure`: what happened on which adapter, the plan's
+/// figure against the device's memory, the settings to change, and the checkpoint to resume.
+fn gpu_failure(
+    cfg: &RunConfig,
+    device: &Device,
+    run_dir: &Path,
+    failure: crate::backend::GpuFailure,
+    message: &str,
+) -> anyhow::Error {
+    use crate::backend::GpuFailure;
+    let on =
+        crate::backend::wgpu_adapter().map_or_else(String::new, |a| format!(" ({})", a.short()));
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    let planned = crate::plan::architecture(cfg)
+        .map(|arch| gib(crate::plan::plan(cfg, &arch).total))
+        .unwrap_or_else(|_| "an unknown amount".into());
+    let memory = match crate::plan::device_limit(cfg.train.backend, device) {
+        Ok(Some(dev)) => format!("{} ({})", gib(dev.bytes), dev.what),
+        _ => "an amount it does not report (set DECISION_DEVICE_MEMORY=GiB to have the plan \
+              enforced)"
+            .into(),
+    };
+    let what = match failure {
+        GpuFailure::OutOfMemory => format!(
+            "the GPU{on} ran out of memory: the plan needs about {planned} and the device has \
+             {memory}; lower --set train.batch_size (now {}, raising optim.grad_accum keeps the \
+             effective batch), --set data.max_tokens (now {}){}",
+            cfg.train.batch_size,
+            cfg.data.max_tokens,
+            if cfg.train.recompute {
+                String::new()
+            } else {
+                ", or --set train.recompute=true".into()
+            }
+        ),
+        GpuFailure::DeviceLost => format!(
+            "the GPU{on} was lost (a driver reset, a hang or a fault) while the run needed about \
+             {planned} of its {memory}; check the driver's log; a smaller --set \
+             train.batch_size or data.max_tokens shortens each kernel"
+        ),
+        GpuFailure::Kernel => format!(
+            "the GPU{on} could not compile or run one of the training kernels in {}; try --set \
+             train.dtype=f32, or --backend cpu",
+            cfg.train.dtype
+        ),
+    };
+    let resume = match checkpoint::latest(run_dir) {
+        Ok(Some((step, _))) => {
+            format!("the run resumes from its checkpoint of step {step} with --resume")
+        }
+        _ => "no checkpoint was written yet; start the run again".to_string(),
+    };
+    anyhow::anyhow!("{what}; {resume}. The runtime said: {}", message.trim())
 }
 
 /// Refuse what `--resume` (or its absence) cannot do with `run_dir`: resume a folder without a
@@ -263,6 +373,8 @@ struct Trainer<'a> {
     valid: &'a [State],
     schedule: Schedule,
     weights: LossWeights,
+    /// Whether the base computes in f16, whose products are checked for overflow.
+    f16_base: bool,
     total_steps: u64,
     /// Parameters: (trainable, total).
     params: (usize, usize),
@@ -321,7 +433,7 @@ impl<'a> Trainer<'a> {
             Mode::Lora => Some(lora_spec(cfg, &dm)?),
             Mode::Full => None,
         };
-        let (state, model, opt) = match &resume_from {
+        let (mut state, mut model, opt) = match &resume_from {
             Some((step, dir)) => {
                 let resumed = load_checkpoint(cfg, &dm, lspec.is_some(), &plain, *step, dir)?;
                 eprintln!("resuming {} from step {step}", run_dir.display());
@@ -336,6 +448,24 @@ impl<'a> Trainer<'a> {
                 (TrainerState::new(cfg.train.seed), model, opt)
             }
         };
+        // Precision: what the base computes in, the loss scale, and the projections an earlier
+        // part of the run moved to f32.
+        if let Some(was) = state.dtype.filter(|&d| d != cfg.train.dtype) {
+            eprintln!(
+                "warning: the run trained with a {was} base until step {}; it continues in {} \
+                 on this device",
+                state.step, cfg.train.dtype
+            );
+        }
+        state.dtype = Some(cfg.train.dtype);
+        let base_dtype = cfg.train.dtype.dtype().expect("resolved");
+        if cfg.train.loss_scale.applies(base_dtype) {
+            state.loss_scale.get_or_insert_with(Default::default);
+        } else {
+            state.loss_scale = None;
+        }
+        crate::f16_safety::promote(&mut model, &state.f32_projections)?;
+        let f16_base = lspec.is_some() && base_dtype == burn::tensor::DType::F16;
         let mut model = model.train();
         if lspec.is_none() {
             model = model.set_require_grad(true);
@@ -376,6 +506,7 @@ impl<'a> Trainer<'a> {
                 brier_weight: cfg.loss.brier_weight,
                 teacher_blend: cfg.loss.teacher_blend,
             },
+            f16_base,
             total_steps,
             params,
             saved_at: resume_from.map(|(step, _)| step),
@@ -398,19 +529,38 @@ impl<'a> Trainer<'a> {
         let cfg = self.cfg;
         let mut acc: GradientsAccumulator<Qwen3> = GradientsAccumulator::new();
         let mut loss = 0.0f32;
+        let scale = self.state.loss_scale.map_or(1.0, |s| s.scale);
+        let plan = PassPlan {
+            loss_scale: scale,
+            check_products: self.f16_base,
+            ..PassPlan::new(cfg, self.weights)
+        };
         for micro in 0..cfg.optim.grad_accum {
             let states: Vec<State> = (0..cfg.train.batch_size)
                 .map(|_| self.stream.next_state())
                 .collect();
-            self.model.device().seed(mix_seed(
-                cfg.train.seed,
-                0xd0 + self.state.step,
-                micro as u64,
-            ));
-            let shards =
-                crate::micro_batch::passes(&self.model, &self.dm, &states, cfg, self.weights);
-            for shard in shards {
-                let out = shard?;
+            // A micro-batch whose f16 products overflowed runs again once they compute in f32.
+            let shards = loop {
+                self.model.device().seed(mix_seed(
+                    cfg.train.seed,
+                    0xd0 + self.state.step,
+                    micro as u64,
+                ));
+                let shards = crate::micro_batch::passes(&self.model, &self.dm, &states, plan)
+                    .into_iter()
+                    .collect::<Result<Vec<_>>>()?;
+                let mut overflowed: Vec<String> = Vec::new();
+                for name in shards.iter().flat_map(|s| &s.overflowed) {
+                    if !overflowed.contains(name) {
+                        overflowed.push(name.clone());
+                    }
+                }
+                if overflowed.is_empty() {
+                    break shards;
+                }
+                self.compute_in_f32(overflowed)?;
+            };
+            for out in shards {
                 if !out.loss.is_finite() {
                     bail!(
                         "the training loss became {} at step {}; lower [optim] lr or raise warmup",
@@ -425,17 +575,49 @@ impl<'a> Trainer<'a> {
             }
         }
         let mut grads = acc.grads();
-        let grad_norm = global_grad_norm(&self.model, &grads);
+        // The gradients carry the loss scale: their norm (one read from the device) says whether
+        // they are finite, and divided by the scale it is the true norm.
+        let scaled_norm = global_grad_norm(&self.model, &grads);
+        let grad_norm = scaled_norm / scale as f64;
         let lr = self.schedule.lr(self.state.step);
-        // AdamW takes the model by value; the base model stands in meanwhile (it is held for
-        // the whole run anyway, so this keeps nothing extra alive).
-        let model = std::mem::replace(&mut self.model, self.dm.model.clone());
-        self.model = self.opt.update(
-            model,
-            &mut grads,
-            lr,
-            clip_factor(grad_norm, cfg.optim.clip),
-        );
+        let apply = match &mut self.state.loss_scale {
+            Some(scaler) => scaler.update(scaled_norm.is_finite()),
+            None if !scaled_norm.is_finite() => bail!(
+                "the gradients became {scaled_norm} at step {}; lower [optim] lr or raise \
+                 warmup{}",
+                self.state.step + 1,
+                if self.f16_base {
+                    ", or set `--set train.loss_scale=dynamic`"
+                } else {
+                    ""
+                }
+            ),
+            None => true,
+        };
+        if apply {
+            // AdamW takes the model by value; the base model stands in meanwhile (it is held
+            // for the whole run anyway, so this keeps nothing extra alive).
+            let model = std::mem::replace(&mut self.model, self.dm.model.clone());
+            self.model = self.opt.update(
+                model,
+                &mut grads,
+                lr,
+                clip_factor(grad_norm, cfg.optim.clip) / scale as f64,
+            );
+        } else {
+            let scaler = self
+                .state
+                .loss_scale
+                .expect("a skipped step scales its loss");
+            append_metrics(
+                &self.metrics_path,
+                &serde_json::json!({
+                    "kind": "skip", "step": self.state.step + 1,
+                    "reason": "gradients not finite under the loss scale",
+                    "loss_scale": scaler.scale,
+                }),
+            )?;
+        }
         self.state.step += 1;
         (self.state.epoch, self.state.position) = self.stream.position();
         self.state.losses.push(loss);
@@ -444,6 +626,32 @@ impl<'a> Trainer<'a> {
             lr,
             grad_norm,
         })
+    }
+
+    /// The f16 products `names` overflowed in the step now running: by `[train] f16_overflow`,
+    /// compute those projections in f32 from now on (noted on stderr, in `metrics.jsonl` and in
+    /// every checkpoint), or stop.
+    fn compute_in_f32(&mut self, names: Vec<String>) -> Result<()> {
+        let step = self.state.step + 1;
+        if self.cfg.train.f16_overflow == F16Overflow::Stop {
+            return Err(crate::f16_safety::overflow_error(&names, step));
+        }
+        crate::f16_safety::promote(&mut self.model, &names)?;
+        let line = format!(
+            "warning: step {step}: the f16 product of {} overflowed (beyond 65 504); computing it \
+             in f32 from now on (its weight takes twice the memory)",
+            names.join(", ")
+        );
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+        append_metrics(
+            &self.metrics_path,
+            &serde_json::json!({"kind": "precision", "step": step, "f32_projections": names}),
+        )?;
+        self.state.f32_projections.extend(names);
+        Ok(())
     }
 
     /// The progress bar, and every `log_every` steps (and the last) a `train` line in
@@ -461,12 +669,15 @@ impl<'a> Trainer<'a> {
         }
         if step.is_multiple_of(self.cfg.train.log_every.max(1)) || step == self.total_steps {
             let window = self.clock.window_start.elapsed().as_secs_f64();
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "kind": "train", "step": step, "epoch": self.state.epoch, "loss": s.loss,
                 "lr": s.lr, "grad_norm": s.grad_norm, "tokens": self.state.tokens,
                 "tokens_per_s": self.clock.window_tokens as f64 / window.max(1e-9),
                 "elapsed_s": self.clock.started.elapsed().as_secs_f64(),
             });
+            if let Some(scaler) = self.state.loss_scale {
+                line["loss_scale"] = scaler.scale.into();
+            }
             append_metrics(&self.metrics_path, &line)?;
             self.clock.window_tokens = 0;
             self.clock.window_start = Instant::now();
@@ -737,8 +948,16 @@ fn load_checkpoint(
             dm.dtype(),
         )?
     };
-    let (tensors, _) = checkpoint::read_tensors(&dir.join(checkpoint::OPTIMIZER_FILE))?;
-    let opt = AdamW::import(adamw_settings(cfg), state.step, tensors, plain)?;
+    let path = dir.join(checkpoint::OPTIMIZER_FILE);
+    let (tensors, meta) = checkpoint::read_tensors(&path)?;
+    // AdamW's own step count: below the run's when loss scaling skipped steps.
+    let opt_step = match meta.get("step") {
+        Some(v) => v
+            .parse()
+            .with_context(|| format!("{}: metadata step {v:?} is not a number", path.display()))?,
+        None => state.step,
+    };
+    let opt = AdamW::import(adamw_settings(cfg), opt_step, tensors, plain)?;
     Ok((state, model, opt))
 }
 

@@ -478,7 +478,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// The weights of a saved model as f32, tensors in name order (F32 or BF16 files).
+/// The weights of a saved model as f32, tensors in name order (F32, BF16 or F16 files).
 fn model_bytes(dir: &Path) -> Vec<f32> {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -498,6 +498,11 @@ fn model_bytes(dir: &Path) -> Vec<f32> {
                     .data()
                     .chunks_exact(2)
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                safetensors::Dtype::F16 => t
+                    .data()
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
                 d => panic!("{n}: {d:?}"),
             }
@@ -992,6 +997,7 @@ fn an_oversized_plan_is_refused_with_settings_that_fit() {
     let gpu = crate::plan::DeviceMemory {
         bytes: 24 << 30,
         what: "a 24 GiB GPU".into(),
+        narrowest: crate::Precision::Bf16,
     };
     let plan = crate::plan::plan(&cfg, &arch);
     assert_eq!(plan.params, 4_022_468_096, "Qwen3-4B's parameter count");
@@ -1158,4 +1164,343 @@ fn resume_passes_over_a_damaged_checkpoint() {
         "{err}"
     );
     assert!(!run.join("final").exists());
+}
+
+// ---- f16 safety -------------------------------------------------------------------------
+
+/// Every float weight of `model` cast to `dtype`, as a checkpoint loaded in that dtype holds it.
+fn cast_weights(model: Qwen3, dtype: burn::tensor::FloatDType) -> Qwen3 {
+    struct Cast(burn::tensor::FloatDType);
+    impl ModuleMapper for Cast {
+        fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let dtype = self.0;
+            p.map(|t| t.cast(dtype))
+        }
+    }
+    model.map(&mut Cast(dtype))
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    norm(&mut a.iter().zip(b).map(|(x, y)| x - y)) / norm(&mut b.iter().copied())
+}
+
+/// A layer whose MLP input is 1000 times louder than the rest: gate and up stay within f16
+/// (a few thousand), their product, down_proj's input, passes 65 504. In f32 the model is
+/// finite; in f16 exactly that product is flagged, by name; computed in f32 it is finite again
+/// and agrees with the f32 model to f16's rounding of the other products.
+#[test]
+fn an_overflowing_f16_product_is_named_and_computed_in_f32() {
+    use crate::f16_safety::{ProductChecks, promote};
+    use burn::tensor::FloatDType;
+    let _rng = device_rng();
+    let device = Device::flex();
+    device.seed(21);
+    let mut model = init_random(&tiny_config(16), 0.3, &device);
+    model.model.layers[1].post_attention_layernorm.weight =
+        Param::from_tensor(Tensor::<1>::full([16], 1000.0, &device));
+    let want = values(model.decode(&batch()));
+    assert!(want.iter().all(|x| x.is_finite()));
+
+    let mut half = cast_weights(model.clone(), FloatDType::F16);
+    let checks = ProductChecks::new();
+    let got = values(half.decode_checked(&batch(), Some(&checks)));
+    assert!(
+        got.iter().any(|x| !x.is_finite()),
+        "the f16 model overflows"
+    );
+    let names = checks.overflowed();
+    assert_eq!(names, ["model.layers.1.mlp.down_proj"]);
+
+    promote(&mut half, &names).unwrap();
+    let checks = ProductChecks::new();
+    let got = values(half.decode_checked(&batch(), Some(&checks)));
+    assert!(checks.overflowed().is_empty());
+    let rel = relative_l2(&got, &want);
+    assert!(rel < 1e-2, "promoted f16 model vs f32: relative L2 {rel:e}");
+    assert!(promote(&mut half, &["model.layers.2.mlp.down_proj".into()]).is_err());
+    assert!(promote(&mut half, &["model.layers.1.mlp.out_proj".into()]).is_err());
+
+    // bf16 has f32's range: the same model is finite, and nothing is checked.
+    let checks = ProductChecks::new();
+    let bf = values(cast_weights(model, FloatDType::BF16).decode_checked(&batch(), Some(&checks)));
+    assert!(bf.iter().all(|x| x.is_finite()));
+    assert!(checks.overflowed().is_empty());
+}
+
+/// The gradients of the adapters on q_proj and gate_proj reach the loss only through o_proj's
+/// and down_proj's frozen products. With a loss this small (1e-8 of the decision loss), those
+/// products' f16 backward flushes them to zero; multiplied by the loss scale before the backward
+/// pass and divided after, they match the f32 base's (to f16's rounding).
+#[test]
+fn loss_scaling_keeps_gradients_an_f16_base_would_flush_to_zero() {
+    use crate::f16_safety::LossScaler;
+    use burn::tensor::FloatDType;
+    let _rng = device_rng();
+    let device = Device::flex();
+    device.seed(22);
+    let base = init_random(&tiny_config(16), 0.3, &device);
+    let lspec = spec(&["q_proj", "gate_proj"]);
+    let grads = |base: Qwen3, factor: f32| -> Vec<(String, Vec<f32>)> {
+        let mut model = lora::attach(base.train(), &lspec, 1);
+        // B = 0 at initialisation would leave A's gradients zero: give B fixed values.
+        for layer in 0..model.model.layers.len() {
+            for (_, proj) in lora::projections_mut(&mut model, layer) {
+                if let Some(ad) = proj.lora.as_mut() {
+                    let dims = ad.lora_b.shape().dims::<2>();
+                    let v: Vec<f32> = (0..dims[0] * dims[1])
+                        .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.05)
+                        .collect();
+                    let b = Tensor::<2>::from_data(TensorData::new(v, dims), &ad.lora_b.device());
+                    ad.lora_b = Param::initialized(ad.lora_b.id, b.require_grad());
+                }
+            }
+        }
+        let head = |decoded: Tensor<3>| {
+            let [b, s, h] = decoded.dims();
+            let last = model
+                .model
+                .norm
+                .forward(decoded.narrow(1, s - 1, 1).reshape([b, h]));
+            let logits = crate::model::in_f32(model.token_logits(last, &LABELS));
+            let t = LossTargets::build(&[(3, 1, Some(vec![0.2, 0.7, 0.1])), (2, 0, None)], 0.3);
+            let (absent, q, onehot) = t.tensors(&logits.device());
+            batch_loss(logits, absent, q, onehot, 0.5).mul_scalar(factor)
+        };
+        let (_, g) = crate::recompute::loss_and_grads(&model, &batch(), head, None);
+        let mut out = Vec::new();
+        for layer in 0..2 {
+            for p in ["self_attn.q_proj", "mlp.gate_proj"] {
+                for m in ["lora_a", "lora_b"] {
+                    let path = format!("model.layers.{layer}.{p}.lora.{m}");
+                    out.push((path.clone(), grad_of(&model, &g, &path)));
+                }
+            }
+        }
+        out
+    };
+    let tiny = 1e-8;
+    let scale = LossScaler::default().scale;
+    let f32_base = grads(base.clone(), tiny);
+    let f16_base = cast_weights(base, FloatDType::F16);
+    let flushed = grads(f16_base.clone(), tiny);
+    let scaled = grads(f16_base, tiny * scale);
+    for (((name, want), (_, zero)), (_, got)) in f32_base.iter().zip(&flushed).zip(&scaled) {
+        assert!(
+            want.iter().any(|&x| x != 0.0),
+            "{name}: the f32 base's gradient is 0"
+        );
+        assert!(
+            zero.iter().all(|&x| x == 0.0),
+            "{name}: not flushed to zero in f16"
+        );
+        let got: Vec<f32> = got.iter().map(|x| x / scale).collect();
+        let rel = relative_l2(&got, want);
+        assert!(rel < 2e-2, "{name}: scaled f16 vs f32 relative L2 {rel:e}");
+    }
+}
+
+/// A copy of the f32 model folder `from` at `to`, the named tensors of its model.safetensors
+/// multiplied by their factors: a synthetic checkpoint built to make an f16 base misbehave.
+fn scaled_model(from: &Path, to: &Path, factors: &[(&str, f32)]) {
+    copy_dir(from, to);
+    let bytes = std::fs::read(from.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+        let factor = factors.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+        let data: Vec<u8> = match factor {
+            None => view.data().to_vec(),
+            Some(f) => view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * f).to_le_bytes())
+                .collect(),
+        };
+        tensors.push((name, view.shape().to_vec(), data));
+    }
+    for (name, _) in factors {
+        assert!(
+            tensors.iter().any(|(n, _, _)| n == name),
+            "no tensor {name}"
+        );
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, shape, data)| {
+            let v =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                    .unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &to.join("model.safetensors")).unwrap();
+}
+
+/// The `metrics.jsonl` lines of `kind`.
+fn metrics_of(run: &Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == kind)
+        .collect()
+}
+
+/// The tiny full run's model as a LoRA base in f16 (recompute on), with `factors` applied to
+/// its weights; returns the LoRA config maker and the run folder's parent.
+fn f16_lora_on(dir: &Path, factors: &[(&str, f32)]) -> impl Fn(&[&str]) -> RunConfig + use<> {
+    let data = states_file(dir, RulesVersion::V1, 12);
+    let cfg = tiny_run_config(&data, "");
+    let full = dir.join("full");
+    train(&cfg, &full, &TrainOptions::default()).unwrap();
+    let base = dir.join("base");
+    scaled_model(&full.join("final"), &base, factors);
+    let text = cfg.to_toml();
+    move |extra: &[&str]| {
+        let mut sets = vec![
+            "model.init=pretrained".to_string(),
+            format!(
+                "model.source={}",
+                toml::Value::String(base.display().to_string())
+            ),
+            "train.mode=lora".into(),
+            "lora.rank=2".into(),
+            "lora.alpha=4".into(),
+            "lora.dropout=0".into(),
+            "lora.targets=[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\",\"down_proj\"]".into(),
+            "optim.lr=3e-2".into(),
+            "train.dtype=f16".into(),
+            "train.recompute=true".into(),
+        ];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        let mut c = RunConfig::parse(&text, &sets).unwrap();
+        c.model.arch = None;
+        c
+    }
+}
+
+/// A synthetic checkpoint whose MLP input is 3000 times louder (its post_attention_layernorm):
+/// in an f16 LoRA run the down_proj product overflows at the first step. With
+/// `f16_overflow = "f32"` the run names it, computes it in f32 from then on (metrics.jsonl and
+/// the checkpoints say so), trains to a finite loss, and a run killed after 3 steps resumes to the
+/// same bits; with `"stop"` it ends with an error naming the projection and the settings.
+#[test]
+fn an_f16_run_computes_an_overflowing_projection_in_f32() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let lora = f16_lora_on(
+        dir.path(),
+        &[("model.layers.0.post_attention_layernorm.weight", 3000.0)],
+    );
+    let down = "model.layers.0.mlp.down_proj";
+    let straight = dir.path().join("straight");
+    let s = train(&lora(&[]), &straight, &TrainOptions::default()).unwrap();
+    assert!(s.final_train_loss.unwrap().is_finite());
+    let promoted = metrics_of(&straight, "precision");
+    assert_eq!(promoted.len(), 1, "{promoted:?}");
+    assert_eq!(promoted[0]["step"], 1);
+    assert_eq!(promoted[0]["f32_projections"], serde_json::json!([down]));
+    let state = crate::checkpoint::read_state(&straight.join("checkpoints/step-0000003")).unwrap();
+    assert_eq!(state.f32_projections, [down]);
+    assert_all_dtype(
+        &straight.join("final/model.safetensors"),
+        safetensors::Dtype::F16,
+        "final/ keeps the f16 base's dtype",
+    );
+
+    let split = dir.path().join("split");
+    let stop = TrainOptions {
+        stop_after: Some(3),
+        ..Default::default()
+    };
+    assert!(train(&lora(&[]), &split, &stop).unwrap().interrupted);
+    let resume = TrainOptions {
+        resume: true,
+        ..Default::default()
+    };
+    train(&lora(&[]), &split, &resume).unwrap();
+    assert_same_bits(
+        &model_bytes(&straight.join("final")),
+        &model_bytes(&split.join("final")),
+        "resumed weights",
+    );
+    assert_eq!(metrics_of(&split, "precision").len(), 1);
+
+    let err = train(
+        &lora(&["train.f16_overflow=stop"]),
+        &dir.path().join("stopped"),
+        &TrainOptions::default(),
+    )
+    .unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains(down)
+            && err.contains("--set train.f16_overflow=f32")
+            && err.contains("step 1"),
+        "{err}"
+    );
+}
+
+/// A synthetic checkpoint whose o_proj and down_proj weights are 300 times larger: at the
+/// initial loss scale (2^16) the gradients flowing back through those f16 products overflow.
+/// Each such step is skipped (no update, AdamW's count unchanged) and the scale halves, logged
+/// in metrics.jsonl, until the gradients fit; the run ends with a finite loss, and a run killed
+/// after 3 steps resumes to the same bits (the scale and AdamW's count come back).
+#[test]
+fn an_f16_run_skips_overflowing_steps_and_halves_the_loss_scale() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let lora = f16_lora_on(dir.path(), &[("model.norm.weight", 20.0)]);
+    let straight = dir.path().join("straight");
+    let s = train(&lora(&[]), &straight, &TrainOptions::default()).unwrap();
+    assert!(s.final_train_loss.unwrap().is_finite());
+    let skips = metrics_of(&straight, "skip");
+    assert!(!skips.is_empty() && skips.len() < 6, "{skips:?}");
+    for (i, skip) in skips.iter().enumerate() {
+        assert_eq!(
+            skip["step"],
+            i as u64 + 1,
+            "the first steps are the ones skipped"
+        );
+        assert_eq!(skip["loss_scale"], 32768.0 / 2f64.powi(i as i32), "halving");
+    }
+    let trains = metrics_of(&straight, "train");
+    let last = trains.last().unwrap();
+    assert_eq!(last["loss_scale"], 65536.0 / 2f64.powi(skips.len() as i32));
+    assert!(metrics_of(&straight, "precision").is_empty());
+    let (_, meta) = crate::checkpoint::read_tensors(
+        &straight
+            .join("checkpoints/step-0000006")
+            .join(crate::checkpoint::OPTIMIZER_FILE),
+    )
+    .unwrap();
+    assert_eq!(
+        meta["step"],
+        (6 - skips.len()).to_string(),
+        "AdamW counts applied steps"
+    );
+
+    let split = dir.path().join("split");
+    let stop = TrainOptions {
+        stop_after: Some(3),
+        ..Default::default()
+    };
+    assert!(train(&lora(&[]), &split, &stop).unwrap().interrupted);
+    let resume = TrainOptions {
+        resume: true,
+        ..Default::default()
+    };
+    train(&lora(&[]), &split, &resume).unwrap();
+    assert_same_bits(
+        &model_bytes(&straight.join("final")),
+        &model_bytes(&split.join("final")),
+        "resumed weights",
+    );
 }

@@ -51,6 +51,9 @@ impl From<crate::backend::Precision> for SaveDtype {
             crate::backend::Precision::F32 => SaveDtype::F32,
             crate::backend::Precision::F16 => SaveDtype::F16,
             crate::backend::Precision::Bf16 => SaveDtype::BF16,
+            crate::backend::Precision::Auto => {
+                unreachable!("a run resolves `auto` against its device before it saves a model")
+            }
         }
     }
 }
