@@ -100,9 +100,10 @@ bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
 
 ## gpu-check-prepare: what scripts/gpu-check.sh carries to a GPU machine, into bench-out/gpu-check/
-## (26 MB): the decision binary stripped and xz-compressed, the 4B shape's checkpoint without
-## weights (config, tokenizer, decision.json, 10 states of about 2048 tokens), and the Vulkan
-## loader's .deb (apt-get download). Then, there: scripts/gpu-check.sh
+## (about 26 MB): the decision binary stripped and xz-compressed with the newest glibc symbol
+## version it needs, the 4B shape's checkpoint without weights (config, tokenizer, decision.json,
+## 10 states of about 2048 tokens), and the Vulkan loader's .deb (apt-get download). Then, there:
+## scripts/gpu-check.sh
 GPU_CHECK := bench-out/gpu-check
 gpu-check-prepare:
 	$(CARGO) build --workspace --bin decision --example random_qwen3
@@ -111,6 +112,8 @@ gpu-check-prepare:
 		--out $(GPU_CHECK)/skeleton/model-2048 --tokenizer tests/fixtures/export/tiny/tokenizer.json \
 		--states 10 --tokens 2048
 	strip -o $(GPU_CHECK)/decision $(BIN)
+	objdump -T $(GPU_CHECK)/decision | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1 \
+		> $(GPU_CHECK)/glibc-needed
 	xz -T0 -6 -f $(GPU_CHECK)/decision
 	cd $(GPU_CHECK) && rm -f libvulkan1_*.deb && apt-get download libvulkan1
 	du -sh $(GPU_CHECK)

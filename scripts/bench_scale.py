@@ -28,7 +28,9 @@ On a GPU machine (scripts/gpu-check.sh): `--backend wgpu` runs ours on wgpu / Vu
 for both sides alike (torch's own max_memory_allocated is recorded beside it). `--skeleton DIR`
 takes DIR/model-TOKENS/ checkpoints without weights (`random_qwen3 --no-weights`) and gives them
 random bf16 weights with transformers (on the GPU when there is one), so nothing large is carried.
-`--ours-dtype bf16,f16` tries the dtypes in order until our backend takes one.
+`--ours-dtype auto` lets our side take the narrowest float the device computes (bf16, else f16);
+the table shows what it ran (the run's trainer state records it). Several, comma-separated, are
+tried in order until our backend takes one.
 """
 import argparse
 import json
@@ -131,6 +133,13 @@ checkpoint_every = 0
 batch_size = 1
 permutations = 0
 """
+
+
+def ran_dtype(run_dir, asked):
+    """The dtype our run's base computed in: `asked`, or what `auto` resolved to (the newest
+    checkpoint's trainer state records it)."""
+    states = sorted(run_dir.glob("checkpoints/step-*/trainer_state.json"))
+    return json.load(open(states[-1])).get("dtype", asked) if states else asked
 
 
 def rust_tokens_per_s(run_dir):
@@ -331,7 +340,7 @@ def main():
                                                   str(run_dir)], gpu=gpu, check=False)
             if secs is not None:
                 r = {"ours_tokens_per_s": rust_tokens_per_s(run_dir), "ours_peak_rss_mib": rss, "ours_wall_s": secs,
-                     "ours_plan_gib": plan, "ours_dtype": dtype, "ours_backend": args.backend,
+                     "ours_plan_gib": plan, "ours_dtype": ran_dtype(run_dir, dtype), "ours_backend": args.backend,
                      "ours_peak_device_mib": dev_mib}
                 break
             print(f"ours ({args.backend}, {dtype}) failed; {'no dtype left' if dtype == dtypes[-1] else 'trying the next dtype'}",

@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# The 4B LoRA step on a GPU, ours against PyTorch, in one command (issue 15, item 7).
+# The 4B LoRA step on an NVIDIA GPU, ours against PyTorch, in one command (issue 30, item 6).
 #
 # For a Linux x86-64 machine with an NVIDIA GPU and its driver, python3 with PyTorch (CUDA),
-# transformers and peft, and no network. Nothing large is carried to it: `make gpu-check-prepare`
-# (on the build machine) writes bench-out/gpu-check/, 26 MB:
+# transformers and peft, and no network. It builds nothing; `make gpu-check-prepare` (on the build
+# machine) writes bench-out/gpu-check/, about 26 MB, which must be carried to it:
 #   decision.xz         the `decision` binary (dev profile: every dependency and decision-train at
-#                       opt-level 3), stripped and xz-compressed; built against glibc 2.36
+#                       opt-level 3), stripped and xz-compressed
+#   glibc-needed        the newest GLIBC_x.y symbol version that binary links against
 #   skeleton/model-2048 the Qwen3-4B shape's config.json (configs/shapes/qwen3-4b.json), the tiny
 #                       word-level tokenizer, decision.json and 10 states of about 2048 tokens;
 #                       no weights (`random_qwen3 --no-weights`)
 #   libvulkan1_*.deb    the Vulkan loader, for machines without libvulkan.so.1
-# Here, transformers makes random bf16 weights for that config on the GPU (8 GB, into $WORK),
-# then scripts/bench_scale.py runs, on the same checkpoint and token ids:
-#   ours  `decision train` on wgpu / Vulkan (the NVIDIA ICD), LoRA r16 on all seven projections,
-#         bf16 base if the adapter takes it, else f16, layer recomputation, 1 x 2048 tokens
+# First it checks, and stops with a message saying what is missing: the GPU (nvidia-smi), the
+# glibc the binary needs, NVIDIA's Vulkan driver (its ICD manifest, or libGLX_nvidia.so.0 to write
+# one for; a container has it only when started with the `graphics` driver capability), and that
+# Vulkan sees the GPU through it. Then transformers makes random bf16 weights for the skeleton's
+# config on the GPU (8 GB, into $WORK), and scripts/bench_scale.py runs, on the same checkpoint
+# and token ids, one micro-batch of 2 x 2048 tokens per step:
+#   ours  `decision train` with --backend wgpu: Vulkan, kernels compiled to SPIR-V, matmuls on
+#         cooperative matrices (tensor cores) where the driver offers them (the adapter lines on
+#         stderr say which), `[train] dtype = "auto"` (bf16 if the device computes it, else f16
+#         with loss scaling), LoRA r16 on all seven projections, layer recomputation
 #   peer  PyTorch + transformers + peft on CUDA: bf16, SDPA, gradient checkpointing
 # and prints tokens/s, seconds per step and peak GPU memory (nvidia-smi, both sides alike) with
 # their ratios. Results go to $OUT (bench-scale.json, gpu-check.log); the checkpoint to $WORK.
-#   scripts/gpu-check.sh            # under 8 minutes by design (the benchmark has a 450 s timeout); not yet run on a GPU
+#   scripts/gpu-check.sh            # under 8 minutes by design (the benchmark has a 420 s timeout)
 # Environment: GPU_CHECK (default bench-out/gpu-check), OUT (default $GPU_CHECK/result),
 # WORK (default /tmp/gpu-check-work), STEPS (default 3: the first is not timed).
 set -euo pipefail
@@ -30,10 +37,20 @@ mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
 say() { echo "gpu-check: $*"; }
 
-[ -d "$G/skeleton/model-2048" ] || { say "no $G/skeleton/model-2048: run \`make gpu-check-prepare\` first"; exit 2; }
+[ -d "$G/skeleton/model-2048" ] && [ -f "$G/decision.xz" ] || {
+    say "no $G/skeleton/model-2048 or $G/decision.xz: run \`make gpu-check-prepare\` on the build machine and carry $G"; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { say "nvidia-smi failed: no NVIDIA GPU here?"; exit 2; }
 python3 -c "import torch, transformers, peft; assert torch.cuda.is_available(), 'torch sees no CUDA device'; \
 print('gpu-check: torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+
+# The binary's glibc: it runs only where the C library is at least as new as what it links.
+need=$(cat "$G/glibc-needed" 2>/dev/null || echo "")
+have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+    say "this machine's glibc is $have; the carried binary needs $need: build it on an older distribution"
+    exit 4
+fi
+say "glibc $have (the binary needs ${need:-an unrecorded version})"
 
 # The binary: carried compressed (xz, or Python's lzma where xz is missing).
 BIN=$WORK/decision
@@ -57,35 +74,45 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
     say "Vulkan loader from $deb"
 fi
 
-# The NVIDIA ICD: the driver's manifest if installed, else one written for libGLX_nvidia.so.0 (the
-# driver's Vulkan implementation; a container has it only with NVIDIA_DRIVER_CAPABILITIES=graphics).
+# NVIDIA's Vulkan driver: the driver's ICD manifest if installed, else one written for
+# libGLX_nvidia.so.0 (the driver's Vulkan implementation). A container gets that library only with
+# the `graphics` driver capability (NVIDIA_DRIVER_CAPABILITIES=all, or one that lists graphics).
+caps=${NVIDIA_DRIVER_CAPABILITIES:-}
+say "NVIDIA_DRIVER_CAPABILITIES=${caps:-(unset)}"
 icd=""
 for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
     [ -f "$d/nvidia_icd.json" ] && icd="$d/nvidia_icd.json" && break
 done
-if [ -z "$icd" ]; then
-    glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0 / {print $NF; exit}')
-    [ -n "$glx" ] || glx=$(find /usr/lib /usr/lib64 /usr/local -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
-    if [ -n "$glx" ]; then
-        icd="$WORK/nvidia_icd.json"
-        printf '{"file_format_version": "1.0.1", "ICD": {"library_path": "%s", "api_version": "1.3"}}\n' "$glx" > "$icd"
-    fi
+glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0 / {print $NF; exit}')
+[ -n "$glx" ] || glx=$(find /usr/lib /usr/lib64 /usr/local -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
+if [ -z "$icd" ] && [ -n "$glx" ]; then
+    icd="$WORK/nvidia_icd.json"
+    printf '{"file_format_version": "1.0.1", "ICD": {"library_path": "%s", "api_version": "1.3"}}\n' "$glx" > "$icd"
 fi
-if [ -z "$icd" ]; then
-    say "no NVIDIA Vulkan driver here (no nvidia_icd.json, no libGLX_nvidia.so.0): our side cannot run;"
-    say "in a container, start it with NVIDIA_DRIVER_CAPABILITIES=all (or graphics,compute,utility)"
+if [ -z "$icd" ] || [ -z "$glx" ]; then
+    say "no NVIDIA Vulkan driver here (ICD manifest: ${icd:-none}; libGLX_nvidia.so.0: ${glx:-none}): our side cannot run."
+    case ",$caps," in
+        *,all,*|*,graphics,*) say "the container has the graphics capability, so the driver's user-space Vulkan files are missing" ;;
+        *) say "in a container, start it with NVIDIA_DRIVER_CAPABILITIES=all (or compute,utility,graphics)" ;;
+    esac
     exit 3
 fi
 export VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd"
-say "Vulkan ICD $icd"
+say "Vulkan ICD $icd -> $glx"
 
-# No limit on our side's plan but the GPU's own memory (wgpu does not report it to Burn).
-total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-export DECISION_DEVICE_MEMORY=$(python3 -c "print(round($total_mib / 1024, 1))")
+# Vulkan must see the GPU through that driver: `decision train --plan --backend wgpu` brings the
+# adapter up and names it, its compiler, dtypes and memory (no weights needed).
+PLAN_CFG=$WORK/plan.toml
+sed -e "s|^source = .*|source = \"$(realpath "$G/skeleton/model-2048")\"|" configs/qwen3-4b-lora.toml > "$PLAN_CFG"
+if ! "$BIN" train --config "$PLAN_CFG" --plan --backend wgpu 2>&1 | tee "$OUT/plan.txt"; then
+    say "the GPU's Vulkan adapter did not come up (see above)"; exit 3
+fi
+grep -q 'SPIR-V compiler' "$OUT/plan.txt" || say "warning: the adapter is not on the SPIR-V compiler (see the wgpu kernels line)"
+grep -q 'llvmpipe' "$OUT/plan.txt" && { say "Vulkan chose lavapipe, not the GPU: the NVIDIA ICD did not load"; exit 3; }
 
 mkdir -p "$WORK/scale"
-timeout 450 python3 scripts/bench_scale.py --decision "$BIN" --skeleton "$G/skeleton" --out "$WORK/scale" \
-    --backend wgpu --ours-dtype bf16,f16 --peer-device cuda --torch-dtype bf16 \
-    --workloads 1x2048 --steps "$STEPS"
+timeout 420 python3 scripts/bench_scale.py --decision "$BIN" --skeleton "$G/skeleton" --out "$WORK/scale" \
+    --backend wgpu --ours-dtype auto --peer-device cuda --torch-dtype bf16 \
+    --workloads 2x2048 --steps "$STEPS"
 cp "$WORK/scale/bench-scale.json" "$OUT/"
 say "done: $OUT/bench-scale.json"
