@@ -36,6 +36,14 @@ impl Precision {
     /// and of the two halves bf16, whose range is f32's (f16 overflows at 65 504).
     pub const PREFERENCE: [Precision; 3] = [Precision::Bf16, Precision::F16, Precision::F32];
 
+    /// `bf16, f16, f32`: precisions as messages list them.
+    pub fn names(ps: &[Precision]) -> String {
+        ps.iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The tensor dtype; `None` for `auto`, which names no dtype until it is resolved.
     pub fn dtype(self) -> Option<DType> {
         match self {
@@ -157,12 +165,6 @@ impl AdapterSummary {
     /// precisions, tensor cores and memory; for a software adapter a warning that `--backend
     /// cpu` is faster.
     pub fn report(&self) -> Vec<String> {
-        let list = |ps: &[Precision]| {
-            ps.iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let missing: Vec<Precision> = Precision::PREFERENCE
             .into_iter()
             .filter(|p| !self.precisions.contains(p))
@@ -170,10 +172,10 @@ impl AdapterSummary {
         let mut kernels = format!(
             "wgpu kernels: {} compiler; computes {}",
             self.compiler,
-            list(&self.precisions)
+            Precision::names(&self.precisions)
         );
         if !missing.is_empty() {
-            kernels += &format!(" (not {})", list(&missing));
+            kernels += &format!(" (not {})", Precision::names(&missing));
         }
         kernels += &match self.cooperative_matrix {
             0 => "; no cooperative-matrix (tensor-core) matmul".to_string(),
@@ -468,11 +470,7 @@ pub fn resolve_precision(
         bail!(
             "{}; use {} or auto",
             unsupported(backend, requested, &supported),
-            supported
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            Precision::names(&supported)
         );
     }
     Ok(requested)
@@ -485,11 +483,7 @@ pub fn unsupported(backend: Backend, requested: Precision, supported: &[Precisio
         (Backend::Wgpu, Some(a)) => format!(" ({})", a.short()),
         _ => String::new(),
     };
-    let list = supported
-        .iter()
-        .map(|p| p.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = Precision::names(supported);
     format!(
         "the {backend} backend{on} does not compute {requested} on this machine; it computes {list}"
     )

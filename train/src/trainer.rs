@@ -121,11 +121,7 @@ pub fn run(args: &TrainArgs) -> Result<std::process::ExitCode> {
             println!(
                 "dtype: {given} -> {} (this device computes {})",
                 cfg.train.dtype,
-                crate::backend::supported_precisions(&gpu)
-                    .iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::Precision::names(&crate::backend::supported_precisions(&gpu))
             );
         }
         let arch = crate::plan::architecture(&cfg)?;

@@ -798,39 +798,12 @@ fn recompute_trains_the_same_model_and_resumes() {
     assert!((l1 - l2).abs() <= 1e-4, "{l1} vs {l2}");
 
     // killed after 3 steps, resumed: the same run
-    let stop = TrainOptions {
-        stop_after: Some(3),
-        ..Default::default()
-    };
-    let (b1, split) = run(&recomputed, "split", stop);
-    assert!(b1.interrupted);
-    let resume = TrainOptions {
-        resume: true,
-        ..Default::default()
-    };
-    let (_, split) = (train(&recomputed, &split, &resume).unwrap(), split);
+    let split = resumed_after_3_steps(&recomputed, &dir.path().join("split"));
     assert_same_bits(&w2, &model_bytes(&split.join("final")), "resumed weights");
 
     // LoRA on the full run's model: recompute in f32 matches, and a bf16 base trains
     let base = o1.join("final");
-    let lora = |extra: &[&str]| {
-        let mut sets = vec![
-            "model.init=pretrained".to_string(),
-            format!(
-                "model.source={}",
-                toml::Value::String(base.display().to_string())
-            ),
-            "train.mode=lora".into(),
-            "lora.rank=2".into(),
-            "lora.alpha=4".into(),
-            "lora.dropout=0".into(),
-            "optim.lr=3e-2".into(),
-        ];
-        sets.extend(extra.iter().map(|s| s.to_string()));
-        let mut c = RunConfig::parse(&taped.to_toml(), &sets).unwrap();
-        c.model.arch = None;
-        c
-    };
+    let lora = |extra: &[&str]| lora_on(&taped, &base, extra);
     let (_, a) = run(&lora(&[]), "lora-taped", TrainOptions::default());
     let (_, b) = run(
         &lora(&["train.recompute=true"]),
@@ -886,13 +859,7 @@ fn recompute_trains_the_same_model_and_resumes() {
     let diff = max_abs_diff(&w1, &w2);
     assert!(diff <= 1e-4, "tokens: recomputed weights differ by {diff}");
     let split_cfg = lora(&[tokens, "train.recompute=true"]);
-    let stop = TrainOptions {
-        stop_after: Some(3),
-        ..Default::default()
-    };
-    let (b1, split) = run(&split_cfg, "tokens-split", stop);
-    assert!(b1.interrupted);
-    train(&split_cfg, &split, &resume).unwrap();
+    let split = resumed_after_3_steps(&split_cfg, &dir.path().join("tokens-split"));
     assert_same_bits(
         &w2,
         &model_bytes(&split.join("final")),
@@ -1353,8 +1320,29 @@ fn metrics_of(run: &Path, kind: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The tiny full run's model as a LoRA base in f16 (recompute on), with `factors` applied to
-/// its weights; returns the LoRA config maker and the run folder's parent.
+/// The tiny run `full`'s config turned into a LoRA run (rank 2, lr 3e-2) on the model folder
+/// `base`, with `extra` overrides.
+fn lora_on(full: &RunConfig, base: &Path, extra: &[&str]) -> RunConfig {
+    let mut sets = vec![
+        "model.init=pretrained".to_string(),
+        format!(
+            "model.source={}",
+            toml::Value::String(base.display().to_string())
+        ),
+        "train.mode=lora".into(),
+        "lora.rank=2".into(),
+        "lora.alpha=4".into(),
+        "lora.dropout=0".into(),
+        "optim.lr=3e-2".into(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let mut c = RunConfig::parse(&full.to_toml(), &sets).unwrap();
+    c.model.arch = None;
+    c
+}
+
+/// The tiny full run's model as a LoRA base in f16 with adapters on all seven projections and
+/// recompute on, `factors` applied to its weights: a maker of such run configs, given overrides.
 fn f16_lora_on(dir: &Path, factors: &[(&str, f32)]) -> impl Fn(&[&str]) -> RunConfig + use<> {
     let data = states_file(dir, RulesVersion::V1, 12);
     let cfg = tiny_run_config(&data, "");
@@ -1362,27 +1350,11 @@ fn f16_lora_on(dir: &Path, factors: &[(&str, f32)]) -> impl Fn(&[&str]) -> RunCo
     train(&cfg, &full, &TrainOptions::default()).unwrap();
     let base = dir.join("base");
     scaled_model(&full.join("final"), &base, factors);
-    let text = cfg.to_toml();
     move |extra: &[&str]| {
-        let mut sets = vec![
-            "model.init=pretrained".to_string(),
-            format!(
-                "model.source={}",
-                toml::Value::String(base.display().to_string())
-            ),
-            "train.mode=lora".into(),
-            "lora.rank=2".into(),
-            "lora.alpha=4".into(),
-            "lora.dropout=0".into(),
-            "lora.targets=[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\",\"down_proj\"]".into(),
-            "optim.lr=3e-2".into(),
-            "train.dtype=f16".into(),
-            "train.recompute=true".into(),
-        ];
-        sets.extend(extra.iter().map(|s| s.to_string()));
-        let mut c = RunConfig::parse(&text, &sets).unwrap();
-        c.model.arch = None;
-        c
+        let targets = format!("lora.targets={:?}", crate::run_config::LORA_TARGETS);
+        let mut sets = vec![targets.as_str(), "train.dtype=f16", "train.recompute=true"];
+        sets.extend_from_slice(extra);
+        lora_on(&cfg, &base, &sets)
     }
 }
 
