@@ -216,8 +216,12 @@ pub(super) struct IdEntry {
 
 impl IdEntry {
     pub fn of(r: &Receipt, seq: u64) -> IdEntry {
+        IdEntry::of_id(&r.id, seq)
+    }
+
+    pub fn of_id(id: &str, seq: u64) -> IdEntry {
         IdEntry {
-            id: id_key(&r.id).0,
+            id: id_key(id).0,
             seq,
         }
     }
@@ -324,7 +328,7 @@ impl SpilledIds {
     }
 
     /// Every record that repeats an earlier id, in input order, with the first record of that
-    /// id. Partitions are sorted in parallel.
+    /// id. Partitions are checked in parallel.
     pub fn finish(self) -> Result<Vec<Repeat>> {
         use rayon::prelude::*;
         let SpilledIds {
@@ -338,39 +342,25 @@ impl SpilledIds {
             .zip(files.par_iter_mut())
             .map(|(mut entries, file)| -> Result<Vec<Repeat>> {
                 if let Some(mut f) = file.take() {
+                    // read back a MiB at a time: the partition is held once, as entries
+                    let len = f.seek(SeekFrom::End(0))?;
                     f.seek(SeekFrom::Start(0))?;
-                    let mut bytes = Vec::new();
-                    f.read_to_end(&mut bytes)
-                        .context("reading back the duplicate-id check's temporary file")?;
-                    entries.extend(bytes.chunks_exact(20).map(IdEntry::from_bytes));
-                }
-                // 64 bits of the id's hash decide almost every comparison; runs that share them
-                // (the same id, or rarely two) are put in (id, place) order afterwards
-                let top = |e: &IdEntry| (u64::from(e.id[0]) << 32) | u64::from(e.id[1]);
-                entries.sort_unstable_by_key(top);
-                let mut i = 0;
-                while i < entries.len() {
-                    let j = i + entries[i..]
-                        .iter()
-                        .take_while(|e| top(e) == top(&entries[i]))
-                        .count();
-                    if j - i > 1 {
-                        entries[i..j].sort_unstable_by_key(|e| (e.id[2], e.seq));
-                    }
-                    i = j;
-                }
-                let mut out = Vec::new();
-                let mut first: Option<IdEntry> = None;
-                for e in entries {
-                    match first {
-                        Some(f) if f.id == e.id => out.push(Repeat {
-                            seq: e.seq,
-                            first: f.seq,
-                        }),
-                        _ => first = Some(e),
+                    entries.reserve_exact((len / 20) as usize);
+                    let mut chunk = vec![0u8; 20 << 16];
+                    let mut left = len as usize;
+                    while left > 0 {
+                        let n = left.min(chunk.len());
+                        f.read_exact(&mut chunk[..n])
+                            .context("reading back the duplicate-id check's temporary file")?;
+                        entries.extend(chunk[..n].chunks_exact(20).map(IdEntry::from_bytes));
+                        left -= n;
                     }
                 }
-                Ok(out)
+                Ok(if entries.len() <= HASHED_MAX {
+                    repeats_in_parts(&mut entries)
+                } else {
+                    repeats_sorted(entries)
+                })
             })
             .collect::<Result<Vec<_>>>()?
             .into_iter()
@@ -380,6 +370,121 @@ impl SpilledIds {
         found.sort_unstable();
         Ok(found)
     }
+}
+
+/// Partitions of up to this many entries are checked with a hash table (about 25 bytes per
+/// entry), larger ones by sorting in place (a partition holds about 1/256 of the input's
+/// records: above 268 M records they sort).
+const HASHED_MAX: usize = 1 << 20;
+
+/// An id's hash as the key of [`repeats_hashed`]'s table: its bits 32..96 (the partition fixed
+/// the top 8, which hashbrown's control bytes would then all share).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct LowKey([u32; 3]);
+
+impl Hash for LowKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64((u64::from(self.0[1]) << 32) | u64::from(self.0[2]));
+    }
+}
+
+/// Entries per hash table in [`repeats_in_parts`]: a table of about 0.5 MiB, which stays in a
+/// core's cache (one table for a whole partition of a 100 M-record input was 13 MiB, and its
+/// cache misses made the check take a fifth of the run).
+const TABLE_ENTRIES: usize = 1 << 14;
+
+/// The repeats among one partition's entries: split in place by the next bits of the id's hash
+/// into parts of about [`TABLE_ENTRIES`] (a counting pass, then each entry swapped into its
+/// part), each checked with a table of its own.
+fn repeats_in_parts(entries: &mut [IdEntry]) -> Vec<Repeat> {
+    let parts = (entries.len() / TABLE_ENTRIES).next_power_of_two().min(256);
+    if parts <= 1 {
+        return repeats_hashed(entries);
+    }
+    // bits 16..24 of the hash: the partition took the top 8, the table's key starts at 32
+    let part = |e: &IdEntry| ((e.id[0] >> 16) as usize) & (parts - 1);
+    let mut start = vec![0usize; parts + 1];
+    for e in entries.iter() {
+        start[part(e) + 1] += 1;
+    }
+    for k in 0..parts {
+        start[k + 1] += start[k];
+    }
+    let mut next = start.clone();
+    for k in 0..parts {
+        while next[k] < start[k + 1] {
+            let p = part(&entries[next[k]]);
+            if p == k {
+                next[k] += 1;
+            } else {
+                entries.swap(next[k], next[p]);
+                next[p] += 1;
+            }
+        }
+    }
+    (0..parts)
+        .flat_map(|k| repeats_hashed(&entries[start[k]..start[k + 1]]))
+        .collect()
+}
+
+/// The repeats among some entries, by a table of each id's first place.
+fn repeats_hashed(entries: &[IdEntry]) -> Vec<Repeat> {
+    let mut first: HashMap<LowKey, u64, BuildHasherDefault<PassThrough>> =
+        HashMap::with_capacity_and_hasher(entries.len(), Default::default());
+    // every entry whose id was met before, and the entries they displaced as first (entries
+    // come almost, not quite, in input order)
+    let mut again: Vec<(LowKey, u64)> = Vec::new();
+    for e in entries {
+        let key = LowKey(e.id);
+        match first.entry(key) {
+            Entry::Vacant(v) => {
+                v.insert(e.seq);
+            }
+            Entry::Occupied(mut o) => {
+                let f = o.get_mut();
+                again.push((key, (*f).max(e.seq)));
+                *f = (*f).min(e.seq);
+            }
+        }
+    }
+    again
+        .into_iter()
+        .map(|(key, seq)| Repeat {
+            seq,
+            first: first[&key],
+        })
+        .collect()
+}
+
+/// The repeats among one partition's entries, by sorting them.
+fn repeats_sorted(mut entries: Vec<IdEntry>) -> Vec<Repeat> {
+    // 64 bits of the id's hash decide almost every comparison; runs that share them (the same
+    // id, or rarely two) are put in (id, place) order afterwards
+    let top = |e: &IdEntry| (u64::from(e.id[0]) << 32) | u64::from(e.id[1]);
+    entries.sort_unstable_by_key(top);
+    let mut i = 0;
+    while i < entries.len() {
+        let j = i + entries[i..]
+            .iter()
+            .take_while(|e| top(e) == top(&entries[i]))
+            .count();
+        if j - i > 1 {
+            entries[i..j].sort_unstable_by_key(|e| (e.id[2], e.seq));
+        }
+        i = j;
+    }
+    let mut out = Vec::new();
+    let mut first: Option<IdEntry> = None;
+    for e in entries {
+        match first {
+            Some(f) if f.id == e.id => out.push(Repeat {
+                seq: e.seq,
+                first: f.seq,
+            }),
+            _ => first = Some(e),
+        }
+    }
+    out
 }
 
 /// The error a conflicting duplicate is reported with.
@@ -529,6 +634,62 @@ mod tests {
     #[ignore = "measurement, 10 M ids: run by hand"]
     fn ten_million_ids_reserved() {
         ten_million_ids(true);
+    }
+
+    /// The three ways of finding a partition's repeats (one table, tables per part after an
+    /// in-place split, sorting) against a plain map of each id's first place, on 100 000
+    /// entries out of input order, a tenth of them repeats of an id (some three times), a few
+    /// ids sharing their top 64 bits.
+    #[test]
+    fn every_way_of_finding_repeats_finds_the_same() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut entries: Vec<IdEntry> = (0..100_000u64)
+            .map(|seq| IdEntry {
+                id: [
+                    0x7f00_0000 | rng.random_range(0..1 << 24),
+                    rng.random(),
+                    rng.random(),
+                ],
+                seq,
+            })
+            .collect();
+        for k in 0..10_000 {
+            let mut e = entries[rng.random_range(0..entries.len())];
+            e.seq = 100_000 + k;
+            if k % 100 == 0 {
+                // another id with the same top 64 bits
+                e.id[2] ^= 1;
+            }
+            entries.push(e);
+        }
+        // out of order, as pieces' suspects and the spilled files leave them
+        for i in (1..entries.len()).rev() {
+            entries.swap(i, rng.random_range(0..=i));
+        }
+        let mut first: std::collections::HashMap<[u32; 3], u64> = Default::default();
+        for e in &entries {
+            let f = first.entry(e.id).or_insert(e.seq);
+            *f = (*f).min(e.seq);
+        }
+        let mut want: Vec<Repeat> = entries
+            .iter()
+            .filter(|e| first[&e.id] != e.seq)
+            .map(|e| Repeat {
+                seq: e.seq,
+                first: first[&e.id],
+            })
+            .collect();
+        want.sort_unstable();
+        assert!(want.len() > 9_000, "{}", want.len());
+        let sorted = |mut r: Vec<Repeat>| {
+            r.sort_unstable();
+            r
+        };
+        assert_eq!(sorted(repeats_hashed(&entries)), want);
+        assert_eq!(sorted(repeats_sorted(entries.clone())), want);
+        assert!(entries.len() / TABLE_ENTRIES > 4, "the split path is taken");
+        assert_eq!(sorted(repeats_in_parts(&mut entries)), want);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
-use super::parquet_io::empty_receipt;
+use super::columns::empty_receipt;
 use super::rules::{FieldError, Flat, JSON_NAMES, check_pick_offered, err, observed, probability};
 use super::{OutcomePatterns, Shape};
 use crate::states_io::BadRow;

@@ -12,6 +12,8 @@
 //! Lines line exactly as read, a Parquet row as one JSON object of its flattened values. Only I/O failures and files that are not receipts at all
 //! (a Parquet file without the required columns) are errors.
 
+mod batch_rules;
+mod columns;
 mod dedup;
 mod line;
 mod outcome;
@@ -345,5 +347,7 @@ pub fn write_receipts<'a>(
     }
 }
 
+#[cfg(test)]
+mod batch_rules_tests;
 #[cfg(test)]
 mod tests;

@@ -215,26 +215,25 @@ impl Flat<'_> {
 /// (`2026-11-30T12:00:00Z`, `…:00.123+01:00`), checked in a few nanoseconds. Only ever true for
 /// a time chrono's parser accepts too: anything else (a leap second, a lowercase `t`, a space,
 /// ten fraction digits) is left to it.
-fn plainly_rfc3339(at: &str) -> bool {
-    let b = at.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
-    let two = |i: usize| (b[i] - b'0') * 10 + (b[i + 1] - b'0');
-    if b.len() < 20
-        || !digits(0..4)
-        || !matches!(b[0], b'1' | b'2')
-        || b[4] != b'-'
-        || !digits(5..7)
-        || b[7] != b'-'
-        || !digits(8..10)
-        || b[10] != b'T'
-        || !digits(11..13)
-        || b[13] != b':'
-        || !digits(14..16)
-        || b[16] != b':'
-        || !digits(17..19)
+pub(super) fn plainly_rfc3339(at: &str) -> bool {
+    let bytes = at.as_bytes();
+    let Some((head, tail)) = bytes.split_first_chunk::<19>() else {
+        return false;
+    };
+    // each byte's digit value; a non-digit wraps to 10 or more
+    let d = head.map(|c| c.wrapping_sub(b'0'));
+    let digits = [0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18];
+    if digits.iter().any(|&i| d[i] > 9)
+        || head[4] != b'-'
+        || head[7] != b'-'
+        || head[10] != b'T'
+        || head[13] != b':'
+        || head[16] != b':'
+        || !matches!(head[0], b'1' | b'2')
     {
         return false;
     }
+    let two = |i: usize| d[i] * 10 + d[i + 1];
     let (month, day, hour, minute, second) = (two(5), two(8), two(11), two(14), two(17));
     let year = u32::from(two(0)) * 100 + u32::from(two(2));
     let leap = year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400));
@@ -252,15 +251,15 @@ fn plainly_rfc3339(at: &str) -> bool {
     {
         return false;
     }
-    let mut i = 19;
-    if b[i] == b'.' {
-        let n = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut zone = tail;
+    if let [b'.', rest @ ..] = zone {
+        let n = rest.iter().take_while(|c| c.is_ascii_digit()).count();
         if !(1..=9).contains(&n) {
             return false;
         }
-        i += 1 + n;
+        zone = &rest[n..];
     }
-    match &b[i..] {
+    match zone {
         [b'Z'] => true,
         [sign, h1, h2, b':', m1, m2]
             if matches!(sign, b'+' | b'-')

@@ -1,10 +1,13 @@
 //! The parallel read behind `decision fit`: every row group of every Parquet file, and every
 //! few MiB of whole lines of a JSON Lines file, is a piece of work for a thread of its own. Each
-//! piece reads its rows through the same rules as [`super::for_each_receipt`] (Parquet rows
-//! through `Flat::fill`, lines through `line::parse_line`), counts its valid receipts into a
-//! [`Tally`] of its own and keeps its bad rows. At most two pieces per thread are in flight; they
-//! finish in any order and are taken in input order (the quarantine's), so no thread waits for
-//! another and memory is bounded by the pieces in flight, never by the input.
+//! piece counts its valid receipts into a [`Tally`] of its own and keeps its bad rows. Lines go
+//! through the rules of [`super::for_each_receipt`] (`line::eval_line`); a row group's batches
+//! through the same rules evaluated column-wise (`batch_rules.rs`), which leave the rows they do
+//! not plainly accept to the row-wise ones (`Flat::fill`), so a bad row is reported exactly as
+//! the sequential read reports it. At most two pieces per thread are in flight; they finish in
+//! any order and are taken in input order (the quarantine's), so no thread waits for another
+//! and memory is bounded by the pieces in flight, never by the input. The files are read once,
+//! forward, and hashed on the way ([`WorkSource`]).
 //!
 //! Each receipt id counts once, as in [`super::for_each_unique_receipt`], but that is settled
 //! at the end: every valid receipt's [`IdEntry`] (its id's hash and place) goes into the spilled
@@ -22,9 +25,13 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
+use bytes::Bytes;
+
+use super::batch_rules::BatchRules;
+use super::columns;
 use super::dedup::{IdEntry, Repeat, SpilledIds, body_hash64, conflict_error};
 use super::line::{Line, eval_line, warn_torn};
-use super::parquet_io::ParquetPlan;
+use super::parquet_io::{ParquetPlan, RowGroupBytes};
 use super::{ReadOptions, ReadSummary, Shape, hex_lower};
 use crate::states_io::{BadRow, Format};
 use crate::{OutcomeStatus, Receipt, ReceiptResult, Validation};
@@ -70,6 +77,14 @@ pub trait Tally: Send + Sized {
     fn add(&mut self, point: &str, facts: &Facts, weight: i64);
     /// Fold in the tally of a later piece.
     fn merge(&mut self, later: Self);
+    /// Count many valid receipts at once: each `(p, facts)` of `rows` is a receipt of point
+    /// `points[p]` (the column-wise read calls it once per batch, so a tally can look each point
+    /// up once per batch instead of once per row).
+    fn add_rows(&mut self, points: &[&str], rows: &[(u32, Facts)]) {
+        for (p, facts) in rows {
+            self.add(points[*p as usize], facts, 1);
+        }
+    }
 }
 
 /// One input of a scan: the local file read, and the name it is reported under (the same path,
@@ -101,6 +116,9 @@ enum Work {
     RowGroup {
         file: usize,
         rg: usize,
+        /// The row group's bytes, read ahead in file order; `None` for one too large to hold
+        /// (read from the file by the piece).
+        bytes: Option<RowGroupBytes>,
     },
     Lines {
         file: usize,
@@ -137,8 +155,12 @@ impl LinePieces {
         })
     }
 
-    /// The next piece and the rows before it; `None` at the end.
-    fn next(&mut self, path: &std::path::Path) -> Result<Option<(u64, Vec<u8>)>> {
+    /// The next piece and the rows before it; `None` at the end. `hash` gets its bytes.
+    fn next(
+        &mut self,
+        path: &std::path::Path,
+        hash: Option<&mut Sha256>,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
         if self.done {
             return Ok(None);
         }
@@ -154,6 +176,9 @@ impl LinePieces {
                 break;
             }
             self.rows += 1;
+        }
+        if let Some(h) = hash {
+            h.update(&data);
         }
         Ok((!data.is_empty()).then_some((before, data)))
     }
@@ -186,7 +211,9 @@ fn visit_lines(
 }
 
 /// The pieces of work of a scan, in input order: each Parquet row group, and each piece of whole
-/// lines of a JSON Lines file (read here, in order, as the scan asks for them).
+/// lines of a JSON Lines file. Files are read here, forward and once, as the scan asks for pieces:
+/// every byte goes through the inputs' SHA-256 on its way (a row group's bytes then go to the
+/// piece that decodes them), so the input is never read a second time to be hashed.
 struct WorkSource<'a> {
     inputs: &'a [Input],
     plans: &'a Plans,
@@ -194,6 +221,83 @@ struct WorkSource<'a> {
     file: usize,
     rg: usize,
     lines: Option<LinePieces>,
+    parquet: Option<Forward>,
+    hash: Sha256,
+}
+
+/// Row groups larger than this are not read ahead: the piece reads them from the file, and the
+/// source only hashes their bytes.
+const READ_AHEAD_MAX: u64 = 256 << 20;
+
+/// A file read forward once, every byte hashed as it passes.
+struct Forward {
+    file: File,
+    /// Bytes before this were hashed.
+    pos: u64,
+    len: u64,
+}
+
+impl Forward {
+    fn open(path: &std::path::Path) -> Result<Forward> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let len = file.metadata()?.len();
+        Ok(Forward { file, pos: 0, len })
+    }
+
+    /// Read `[start, end)`, hashing what lies past the bytes hashed so far (first the gap up to
+    /// `start`); `keep` says whether to return the bytes or only hash them.
+    fn take(
+        &mut self,
+        start: u64,
+        end: u64,
+        keep: bool,
+        hash: &mut Sha256,
+    ) -> Result<Option<Bytes>> {
+        use std::io::{Read, Seek, SeekFrom};
+        if start > self.pos {
+            self.pass(start, hash)?;
+        }
+        if !keep {
+            self.pass(end, hash)?;
+            return Ok(None);
+        }
+        let len = end.saturating_sub(start);
+        let mut data = Vec::with_capacity(len as usize);
+        self.file.seek(SeekFrom::Start(start))?;
+        (&mut self.file).take(len).read_to_end(&mut data)?;
+        if (data.len() as u64) < len {
+            anyhow::bail!(
+                "the footer places a row group at bytes {start}..{end}, past the end of the file ({} bytes)",
+                self.len
+            );
+        }
+        if end > self.pos {
+            let from = (self.pos.max(start) - start) as usize;
+            hash.update(&data[from..]);
+            self.pos = end;
+        }
+        Ok(Some(Bytes::from(data)))
+    }
+
+    /// Hash forward up to `to` (the end of the file when `to` is past it).
+    fn pass(&mut self, to: u64, hash: &mut Sha256) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        if to <= self.pos {
+            return Ok(());
+        }
+        self.file.seek(SeekFrom::Start(self.pos))?;
+        let mut rd = (&mut self.file).take(to - self.pos);
+        let mut buf = vec![0u8; (to - self.pos).min(1 << 20) as usize];
+        loop {
+            let n = rd.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            self.pos += n as u64;
+        }
+        Ok(())
+    }
 }
 
 impl<'a> WorkSource<'a> {
@@ -205,6 +309,8 @@ impl<'a> WorkSource<'a> {
             file: 0,
             rg: 0,
             lines: None,
+            parquet: None,
+            hash: Sha256::new(),
         }
     }
 
@@ -213,13 +319,29 @@ impl<'a> WorkSource<'a> {
             let (file, input) = (self.file, &self.inputs[self.file]);
             match &self.plans[file] {
                 Some(plan) => {
-                    if self.rg < plan.row_groups.len() {
-                        self.rg += 1;
-                        return Ok(Some(Work::RowGroup {
-                            file,
-                            rg: self.rg - 1,
-                        }));
+                    if self.parquet.is_none() {
+                        self.parquet =
+                            Some(Forward::open(&input.path).with_context(|| in_name(input))?);
                     }
+                    let fwd = self.parquet.as_mut().expect("opened above");
+                    if self.rg < plan.row_groups.len() {
+                        let rg = self.rg;
+                        self.rg += 1;
+                        let (start, end) = plan.span(rg);
+                        let keep = end - start <= READ_AHEAD_MAX;
+                        let bytes = fwd
+                            .take(start, end, keep, &mut self.hash)
+                            .with_context(|| in_name(input))?
+                            .map(|data| RowGroupBytes {
+                                start,
+                                data,
+                                file_len: fwd.len,
+                            });
+                        return Ok(Some(Work::RowGroup { file, rg, bytes }));
+                    }
+                    fwd.pass(u64::MAX, &mut self.hash)
+                        .with_context(|| in_name(input))?;
+                    self.parquet = None;
                 }
                 None => {
                     if self.lines.is_none() {
@@ -229,7 +351,7 @@ impl<'a> WorkSource<'a> {
                         );
                     }
                     let pieces = self.lines.as_mut().expect("opened above");
-                    if let Some((before, data)) = pieces.next(&input.path)? {
+                    if let Some((before, data)) = pieces.next(&input.path, Some(&mut self.hash))? {
                         return Ok(Some(Work::Lines { file, before, data }));
                     }
                     self.lines = None;
@@ -239,6 +361,11 @@ impl<'a> WorkSource<'a> {
             self.rg = 0;
         }
         Ok(None)
+    }
+
+    /// The SHA-256 of every input's bytes, in order (once every piece was taken).
+    fn sha256(self) -> String {
+        hex_lower(&self.hash.finalize())
     }
 }
 
@@ -288,33 +415,9 @@ fn run<T: Tally>(
         bytes: 0,
     };
     match w {
-        Work::RowGroup { file, rg } => {
-            let plan = plans[file].as_ref().expect("a Parquet file's plan");
-            let (before, rows, bytes) = plan.row_groups[rg];
-            p.bytes = bytes;
-            p.ids.reserve(rows.min(1 << 20) as usize);
-            plan.visit_row_group(
-                &inputs[file].path,
-                rg,
-                before,
-                &opts.outcome,
-                &mut |row, item, raw| {
-                    p.counts.records += 1;
-                    match item {
-                        Ok(r) => {
-                            p.counts.parquet += 1;
-                            p.tally.add(&r.point, &Facts::of(r), 1);
-                            p.ids.push(IdEntry::of(r, seq(file, row)));
-                        }
-                        Err(e) => {
-                            p.bad
-                                .push(BadRow::from_line(names[file].clone(), row, raw(), vec![e]))
-                        }
-                    }
-                    Ok(())
-                },
-            )
-            .with_context(|| in_name(&inputs[file]))?;
+        Work::RowGroup { file, rg, bytes } => {
+            count_row_group(&mut p, file, rg, bytes, inputs, names, plans, opts)
+                .with_context(|| in_name(&inputs[file]))?;
         }
         Work::Lines { file, before, data } => {
             p.bytes = data.len() as u64;
@@ -346,6 +449,79 @@ fn run<T: Tally>(
         }
     }
     Ok(p)
+}
+
+/// Count row group `rg` of input `file` (its bytes read ahead, or `None` to read them from the
+/// file) into piece `p`: each batch through the column-wise rules, the rows they leave through
+/// the row-wise ones.
+#[allow(clippy::too_many_arguments)]
+fn count_row_group<T: Tally>(
+    p: &mut Piece<T>,
+    file: usize,
+    rg: usize,
+    bytes: Option<RowGroupBytes>,
+    inputs: &[Input],
+    names: &[Arc<PathBuf>],
+    plans: &Plans,
+    opts: &ReadOptions,
+) -> Result<()> {
+    let plan = plans[file].as_ref().expect("a Parquet file's plan");
+    let (before, rows, size) = plan.row_groups[rg];
+    p.bytes = size;
+    p.ids.reserve(rows.min(1 << 20) as usize);
+    let path = &inputs[file].path;
+    let batches = match bytes {
+        Some(b) => plan.batches(b, rg, path)?,
+        None => plan.batches(
+            File::open(path).with_context(|| format!("opening {}", path.display()))?,
+            rg,
+            path,
+        )?,
+    };
+    let mut row = before;
+    let (mut counted, mut suspects) = (Vec::new(), Vec::new());
+    let (mut r, mut at_buf) = (columns::empty_receipt(), String::new());
+    for batch in batches {
+        let batch = batch?;
+        let rules = BatchRules::new(&batch, path, &opts.outcome)?;
+        counted.clear();
+        suspects.clear();
+        for i in 0..batch.num_rows() {
+            match rules.eval(i) {
+                Some(fact) => {
+                    counted.push(fact);
+                    let id = rules.id(i).expect("a counted row has an id");
+                    p.ids
+                        .push(IdEntry::of_id(id, seq(file, row + 1 + i as u64)));
+                }
+                None => suspects.push(i),
+            }
+        }
+        p.tally.add_rows(&rules.points, &counted);
+        p.counts.parquet += counted.len() as u64;
+        if !suspects.is_empty() {
+            let cols = columns::Cols::new(&batch, path)?;
+            for &i in &suspects {
+                let at = row + 1 + i as u64;
+                match columns::fill(&cols, i, &mut r, &mut at_buf, &opts.outcome) {
+                    Ok(()) => {
+                        p.counts.parquet += 1;
+                        p.tally.add(&r.point, &Facts::of(&r), 1);
+                        p.ids.push(IdEntry::of(&r, seq(file, at)));
+                    }
+                    Err(e) => {
+                        let raw = cols.raw_row(i);
+                        p.bad
+                            .push(BadRow::from_line(names[file].clone(), at, raw, vec![e]));
+                        r = columns::empty_receipt();
+                    }
+                }
+            }
+        }
+        row += batch.num_rows() as u64;
+    }
+    p.counts.records += row - before;
+    Ok(())
 }
 
 /// "reading <name>" when the file read is a fetched copy of `name`, for errors that name the copy.
@@ -411,16 +587,6 @@ pub(super) fn scan_with<T: Tally>(
     let window = 2 * rayon::current_num_threads().max(1);
 
     std::thread::scope(|scope| -> Result<(T, ReadSummary)> {
-        // The inputs' SHA-256, on a thread of its own while the pieces are read.
-        let hashing = scope.spawn(|| -> Result<String> {
-            let mut hash = Sha256::new();
-            for i in inputs {
-                let mut f = File::open(&i.path).with_context(|| in_name(i))?;
-                std::io::copy(&mut f, &mut hash).with_context(|| in_name(i))?;
-            }
-            Ok(hex_lower(&hash.finalize()))
-        });
-
         // Tallies and ids are folded in on a thread of their own while the next wave is read.
         let (to_fold, folding) = std::sync::mpsc::sync_channel::<(T, Vec<IdEntry>)>(window);
         let folder = scope.spawn(move || -> Result<(T, SpilledIds)> {
@@ -482,6 +648,7 @@ pub(super) fn scan_with<T: Tally>(
                 }
             }
         })?;
+        let sha256 = source.sha256();
 
         drop(to_fold);
         let (mut tally, ids) = folder.join().expect("the folding thread does not panic")?;
@@ -490,7 +657,7 @@ pub(super) fn scan_with<T: Tally>(
             &repeats, inputs, names, plans, opts, &mut tally, &mut s, bad, line_bytes,
         )?;
         pb.finish_and_clear();
-        s.sha256 = hashing.join().expect("the hashing thread does not panic")?;
+        s.sha256 = sha256;
         Ok((tally, s))
     })
 }
@@ -590,7 +757,7 @@ fn take_back<T: Tally>(
                 let mut pieces =
                     LinePieces::open(&input.path, line_bytes).with_context(|| in_name(input))?;
                 let last = row_of(here[here.len() - 1].0);
-                while let Some((before, data)) = pieces.next(&input.path)? {
+                while let Some((before, data)) = pieces.next(&input.path, None)? {
                     if before >= last {
                         break;
                     }
