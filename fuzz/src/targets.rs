@@ -149,23 +149,34 @@ fn receipts(path: &Path) -> Result<Box<dyn Runner>> {
             };
             let mut q = Quarantine::create(&self.quarantine)?;
             let mut agg = Aggregate::new(&self.config, BTreeMap::new());
+            // a bad record as the quarantine keeps it: place, first error, bytes
+            let key = |b: &decision_data::BadRow| {
+                let e = &b.errors[0];
+                (b.row, e.field.clone(), e.reason.clone(), b.raw().to_vec())
+            };
+            let mut bad = Vec::new();
             let read =
                 receipts_io::for_each_unique_receipt(std::slice::from_ref(path), &opts, |item| {
                     match item {
                         Ok(r) => agg.add(r),
                         Err(b) => {
                             agg.add_bad();
+                            bad.push(key(b));
                             q.add(b)?;
                         }
                     }
                     Ok(())
                 });
             q.finish()?;
-            // The parallel read `decision fit` uses must agree with the sequential one, or both
-            // refuse the file.
+            // The parallel, column-wise read `decision fit` uses must agree with the sequential
+            // row-wise one (the same receipts, bad records and hash), or both refuse the file.
             let inputs = [receipts_io::Input::local(path.clone())];
             let new = || Aggregate::new(&self.config, BTreeMap::new());
-            let scanned = receipts_io::scan_unique_receipts(&inputs, &opts, &new, &mut |_| Ok(()));
+            let mut scan_bad = Vec::new();
+            let scanned = receipts_io::scan_unique_receipts(&inputs, &opts, &new, &mut |b| {
+                scan_bad.push(key(b));
+                Ok(())
+            });
             let summary = match (read, scanned) {
                 (Ok(summary), Ok((mut scan, scan_summary))) => {
                     scan.drop_unseen();
@@ -174,6 +185,13 @@ fn receipts(path: &Path) -> Result<Box<dyn Runner>> {
                     assert!(
                         scan.points == agg.points,
                         "the parallel read's aggregate differs from the sequential one's"
+                    );
+                    // the scan reports repeats with another body after the rest: the same set
+                    bad.sort();
+                    scan_bad.sort();
+                    assert!(
+                        scan_bad == bad,
+                        "the parallel read's bad records differ from the sequential one's"
                     );
                     summary
                 }
