@@ -61,10 +61,12 @@ bench-out/venv-%/.ok: scripts/requirements-%.txt
 
 ## bench-fit: `decision fit` vs one DuckDB query of the same rule and the pandas/pyarrow reference,
 ## on 10M and 100M receipts (FIT_SIZES), wall time and peak RSS (scripts/requirements-fit.txt);
-## data generated once into bench-out/ (1.6 GB at 100M)
+## data generated once into bench-out/ (1.6 GB at 100M); then both at the largest size with
+## RAYON_NUM_THREADS / DuckDB threads of FIT_THREADS (1, 2 and every core): the scaling curve
 FIT_SIZES ?= 10000000,100000000
+FIT_THREADS ?= 1,2,$(shell nproc)
 bench-fit: build $(call venv,fit,FIT_PYTHON)
-	$(FIT_PYTHON) scripts/bench_fit.py --decision $(BIN) --sizes $(FIT_SIZES)
+	$(FIT_PYTHON) scripts/bench_fit.py --decision $(BIN) --sizes $(FIT_SIZES) --threads $(FIT_THREADS)
 
 ## bench-train: `decision train` (Burn, CPU) vs PyTorch + transformers + peft, tokens/s and peak
 ## memory, tiny full fine-tune and small-Qwen3 LoRA (needs scripts/requirements-train.txt)

@@ -9,6 +9,7 @@ Checks that the peers agree with `decision fit`: DuckDB's judged and successful 
 and bucket equal thresholds.json's, the reference's statuses and thresholds equal ours.
 
     python scripts/bench_fit.py --decision target/debug/decision --sizes 10000000,100000000
+    python scripts/bench_fit.py --sizes 100000000 --threads 1,2        # and the scaling curve at 100 M
     python scripts/bench_fit.py duckdb --receipts R.parquet --config configs/fit.toml   # the peer alone
 
 The DuckDB query checks what the pandas reference checks (required fields, RFC 3339 `at`, the
@@ -121,15 +122,19 @@ def duckdb_fit(receipts, config, dedup, threads=None):
     return {"seconds": dt, "records": records, "points": out}
 
 
-def run_timed(cmd, stdout=None, repeat=1):
-    """Run cmd `repeat` times; return (best wall seconds, largest peak RSS bytes of the process)."""
+def run_timed(cmd, stdout=None, repeat=1, env=None, warm=None):
+    """Run cmd `repeat` times; return (best wall seconds, largest peak RSS bytes of the process).
+    `warm`: a file read through once before each run, so that every tool starts from the page
+    cache (the kernel may have dropped the file since the last run; it did on the bench VM)."""
     best, rss = None, 0
     for _ in range(repeat):
+        if warm is not None:
+            subprocess.run(["cat", warm], stdout=subprocess.DEVNULL, check=True)
         if stdout is not None:
             stdout.seek(0)
             stdout.truncate()
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=stdout or subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd, stdout=stdout or subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         _, status, usage = os.wait4(p.pid, 0)
         dt = time.perf_counter() - t0
         if os.waitstatus_to_exitcode(status) != 0:
@@ -150,23 +155,23 @@ def bench(args):
             print(f"bench-fit: generating {n} receipts into {data} (once)", flush=True)
             subprocess.run([args.decision, "gen", "receipts", "--n", str(n), "--seed", "7", "--bad", "0.0001",
                             "--out", data], check=True)
-        subprocess.run(["cat", data], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
         thr = os.path.join(args.out, f"thresholds-{n}.json")
         k = args.repeat if n <= 10_000_000 else 1
-        ours = run_timed([args.decision, "fit", "--receipts", data, "--config", args.config, "--out", thr], repeat=k)
+        ours = run_timed([args.decision, "fit", "--receipts", data, "--config", args.config, "--out", thr], repeat=k,
+                         warm=data)
         rows.append((n, "decision fit", *ours))
         for dedup in (False, True):
             res = os.path.join(args.out, f"duckdb-{n}{'-dedup' if dedup else ''}.json")
             with open(res, "w") as f:
                 t = run_timed(me + ["duckdb", "--receipts", data, "--config", args.config]
-                              + (["--dedup"] if dedup else []), stdout=f, repeat=k)
+                              + (["--dedup"] if dedup else []), stdout=f, repeat=k, warm=data)
             rows.append((n, "DuckDB" + (", ids once" if dedup else ""), *t))
             check_duckdb(thr, res)
         if n <= args.pandas_max:
             res = os.path.join(args.out, f"pandas-{n}.json")
             with open(res, "w") as f:
                 t = run_timed([sys.executable, os.path.join(HERE, "fit_reference.py"), "bench", "--receipts", data,
-                               "--config", args.config], stdout=f, repeat=k)
+                               "--config", args.config], stdout=f, repeat=k, warm=data)
             rows.append((n, "pandas / pyarrow", *t))
             check_pandas(thr, res)
     print()
@@ -182,6 +187,28 @@ def bench(args):
     ours = {n: dt for n, tool, dt, _ in rows if tool == "decision fit"}
     for n, dt in ours.items():
         print(f"decision fit: {n / dt / 1e6:.2f} M receipts/s on {os.cpu_count()} cores")
+    if args.threads:
+        scaling(args, max(sizes), me)
+
+
+def scaling(args, n, me):
+    """Wall time of decision fit and of DuckDB's plain query per thread count, at size n."""
+    data = os.path.join(args.out, f"receipts-{n}.parquet")
+    thr = os.path.join(args.out, f"thresholds-{n}-threads.json")
+    counts = sorted({int(t) for t in args.threads.split(",")})
+    print(f"\n| threads | decision fit s | M receipts/s | per thread | DuckDB s | DuckDB / ours |")
+    print(f"| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for t in counts:
+        env = dict(os.environ, RAYON_NUM_THREADS=str(t))
+        ours, _ = run_timed([args.decision, "fit", "--receipts", data, "--config", args.config, "--out", thr], env=env,
+                            warm=data)
+        res = os.path.join(args.out, f"duckdb-{n}-threads.json")
+        with open(res, "w") as f:
+            theirs, _ = run_timed(me + ["duckdb", "--receipts", data, "--config", args.config, "--threads", str(t)],
+                                  stdout=f, warm=data)
+        check_duckdb(thr, res)
+        rate = n / ours / 1e6
+        print(f"| {t} | {ours:.2f} | {rate:.2f} | {rate / t:.2f} | {theirs:.2f} | {theirs / ours:.2f} |", flush=True)
 
 
 def check_duckdb(thr_path, res_path):
@@ -223,6 +250,9 @@ def main():
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per tool at 10 M receipts or fewer, the best wall time kept (one above)")
+    ap.add_argument("--threads", default="",
+                    help="thread counts (e.g. 1,2,4) to time decision fit and DuckDB with at the largest size, "
+                         "one run each: the scaling curve")
     ap.add_argument("--pandas-max", type=int, default=10_000_000,
                     help="largest size the pandas reference runs at (it holds the whole table in memory)")
     bench(ap.parse_args())
