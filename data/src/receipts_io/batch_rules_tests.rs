@@ -23,6 +23,7 @@ use rand_chacha::ChaCha8Rng;
 use super::batch_rules::BatchRules;
 use super::columns::{Cols, empty_receipt, fill};
 use super::scan::{self, Facts, Input, Tally};
+use super::tests::Multiset;
 use super::*;
 
 /// One row's values as a writer may leave them (any of them bad or absent).
@@ -98,8 +99,7 @@ fn random_rows(n: usize, seed: u64) -> Vec<Raw> {
                     (3, None),
                     (2, Some(i64::MAX)),
                 ],
-            )
-            ;
+            );
             let point = pick(
                 &mut rng,
                 &[
@@ -431,9 +431,7 @@ fn the_column_wise_rules_accept_only_what_the_row_wise_rules_accept() {
                     fast += 1;
                 }
                 (Some(_), Err(e)) => {
-                    panic!(
-                        "{enc:?} row {i}: accepted, but the row-wise rules say {e:?}: {row:?}"
-                    )
+                    panic!("{enc:?} row {i}: accepted, but the row-wise rules say {e:?}: {row:?}")
                 }
                 (None, Ok(())) => {
                     good += 1;
@@ -460,21 +458,6 @@ fn the_column_wise_rules_accept_only_what_the_row_wise_rules_accept() {
             fast > good * 9 / 10 && bad > 1000,
             "{enc:?}: {fast} of {good} good rows accepted column-wise, {bad} bad"
         );
-    }
-}
-
-/// Counts by point and facts, weights summed (two reads compared receipt by receipt).
-#[derive(Default)]
-struct Multiset(std::collections::BTreeMap<String, i64>);
-
-impl Tally for Multiset {
-    fn add(&mut self, point: &str, facts: &Facts, weight: i64) {
-        *self.0.entry(format!("{point} {facts:?}")).or_default() += weight;
-    }
-    fn merge(&mut self, later: Self) {
-        for (k, v) in later.0 {
-            *self.0.entry(k).or_default() += v;
-        }
     }
 }
 
@@ -534,9 +517,7 @@ fn the_column_wise_scan_reads_parquet_as_the_row_wise_read_does() {
         Ok(())
     })
     .unwrap();
-    let nonzero =
-        |m: Multiset| -> Vec<(String, i64)> { m.0.into_iter().filter(|(_, v)| *v != 0).collect() };
-    assert_eq!(nonzero(got), nonzero(want));
+    assert_eq!(got.nonzero(), want.nonzero());
     assert_eq!(got_s, want_s);
     // the scan reports the repeats with another body after the rest; the same set
     want_bad.sort();

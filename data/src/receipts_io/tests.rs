@@ -636,7 +636,7 @@ fn a_negative_column_length_is_an_error_not_a_panic() {
 /// Counts a scan's receipts by point and facts (weights summed), so that two reads can be
 /// compared receipt by receipt.
 #[derive(Default)]
-struct Multiset(std::collections::BTreeMap<String, i64>);
+pub(super) struct Multiset(std::collections::BTreeMap<String, i64>);
 
 impl Tally for Multiset {
     fn add(&mut self, point: &str, facts: &Facts, weight: i64) {
@@ -650,7 +650,7 @@ impl Tally for Multiset {
 }
 
 impl Multiset {
-    fn nonzero(self) -> std::collections::BTreeMap<String, i64> {
+    pub(super) fn nonzero(self) -> std::collections::BTreeMap<String, i64> {
         self.0.into_iter().filter(|(_, v)| *v != 0).collect()
     }
 }
