@@ -727,29 +727,7 @@ fn shards_train_the_same_model_as_one_pass() {
 
     // LoRA on top of the full run's model, 3 shards of one state each
     let base = dir.path().join("one").join("final");
-    let lora = |shards: usize| {
-        RunConfig::parse(
-            &one.to_toml(),
-            &[
-                "model.init=pretrained".into(),
-                format!(
-                    "model.source={}",
-                    toml::Value::String(base.display().to_string())
-                ),
-                "train.mode=lora".into(),
-                "lora.rank=2".into(),
-                "lora.alpha=4".into(),
-                "lora.dropout=0".into(),
-                "optim.lr=3e-2".into(),
-                format!("train.shards={shards}"),
-            ],
-        )
-        .map(|mut c| {
-            c.model.arch = None;
-            c
-        })
-        .unwrap()
-    };
+    let lora = |shards: usize| lora_on(&one, &base, &[&format!("train.shards={shards}")]);
     let (_, l1) = run(&lora(1), "lora-one");
     let (_, l3) = run(&lora(3), "lora-three");
     let base_w = model_bytes(&base);

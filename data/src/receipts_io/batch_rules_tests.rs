@@ -6,7 +6,6 @@
 //! row-wise read: the same counts, bad rows (field, reason and bytes) and hash.
 
 use std::collections::HashMap;
-use std::fs;
 use std::sync::Arc;
 
 use arrow_array::types::{Int8Type, Int32Type, UInt16Type};
@@ -23,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use super::batch_rules::BatchRules;
 use super::columns::{Cols, empty_receipt, fill};
 use super::scan::{self, Facts, Input, Tally};
-use super::tests::Multiset;
+use super::tests::{Multiset, write_row_groups};
 use super::*;
 
 /// One row's values as a writer may leave them (any of them bad or absent).
@@ -475,14 +474,7 @@ fn the_column_wise_scan_reads_parquet_as_the_row_wise_read_does() {
         .enumerate()
     {
         let path = dir.path().join(format!("{k}.parquet"));
-        let batch = batch_of(&rows, enc);
-        let props = parquet::file::properties::WriterProperties::builder()
-            .set_max_row_group_row_count(Some(97))
-            .build();
-        let f = fs::File::create(&path).unwrap();
-        let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        write_row_groups(&path, &batch_of(&rows, enc), Some(97));
         paths.push(path);
     }
     let opts = ReadOptions {

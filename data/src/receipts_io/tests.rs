@@ -351,8 +351,22 @@ fn parquet_batch(path: &std::path::Path) -> arrow_array::RecordBatch {
 }
 
 fn write_batch(path: &std::path::Path, batch: &arrow_array::RecordBatch) {
+    write_row_groups(path, batch, None);
+}
+
+/// `batch` as a Parquet file written by a plain Arrow writer, in row groups of at most `rows`.
+pub(super) fn write_row_groups(
+    path: &std::path::Path,
+    batch: &arrow_array::RecordBatch,
+    rows: Option<usize>,
+) {
+    let props = rows.map(|n| {
+        parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(n))
+            .build()
+    });
     let f = fs::File::create(path).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), props).unwrap();
     w.write(batch).unwrap();
     w.close().unwrap();
 }
@@ -678,13 +692,7 @@ fn the_parallel_scan_counts_what_the_sequential_read_counts() {
     write_receipts_parquet(&whole, &sample()).unwrap();
     let batch = parquet_batch(&whole);
     let grouped = dir.path().join("grouped.parquet");
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_max_row_group_row_count(Some(3))
-        .build();
-    let f = fs::File::create(&grouped).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write_row_groups(&grouped, &batch, Some(3));
     let paths = vec![mixed, grouped.clone(), again, grouped];
     let opts = ReadOptions {
         outcome: patterns(),
