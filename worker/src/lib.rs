@@ -110,13 +110,10 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
         }
         Ok(e) => e,
         Err(e) => {
-            let text = bundle.prompter.render(&state);
             let too_long = bundle
                 .prompter
-                .tokenizer
-                .encode(text.as_str(), true)
-                .map(|t| t.get_ids().len() > bundle.prompter.max_tokens)
-                .unwrap_or(false);
+                .untruncated_len(&state)
+                .is_ok_and(|n| n > bundle.prompter.max_tokens);
             return if too_long {
                 Answer::Capacity {
                     point,
