@@ -589,6 +589,13 @@ impl Qwen3 {
             .reshape([b, s, h])
     }
 
+    /// Whether any of the batch's tokens is a trainable token.
+    pub fn trainable_tokens_in(&self, batch: &Batch) -> bool {
+        self.tokens
+            .as_ref()
+            .is_some_and(|t| t.slots(batch.input_ids.iter().flatten().copied()).is_some())
+    }
+
     /// The trainable tokens' values, when the model has any.
     pub fn token_values(&self) -> Option<Tensor<2>> {
         self.tokens.as_ref().map(|t| t.values.val())
