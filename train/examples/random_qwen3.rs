@@ -7,40 +7,53 @@
 //!       --tokenizer tests/fixtures/export/tiny/tokenizer.json [--states 64 --tokens 512]
 //!
 //! Weights: normal(0, initializer_range) for matrices, ones for norms, zeros for biases, as
-//! transformers' `_init_weights`; the file is written in the checkpoint's layout
-//! (`model.safetensors`, one file) and never held in memory whole, so an 8 GB bf16 4B checkpoint
+//! transformers' `_init_weights`, written by `decision_train::random_checkpoint` in the
+//! checkpoint's layout (one `model.safetensors` or `--shards N` with their index, optionally in a
+//! hub cache: `--hub-cache`) and never held in memory whole, so an 8 GB bf16 4B checkpoint
 //! needs a few MB. With `--states N --tokens T` it also writes `OUT/states.jsonl`: N labelled
 //! states of the synthetic shop whose contexts are padded with the tokenizer's words to about T
 //! prompt tokens (a word-level tokenizer makes one token per word). `--no-weights` writes all of
 //! it but `model.safetensors`: the small part of a checkpoint, to carry to a machine that makes
 //! the weights itself (scripts/gpu-check.sh, with transformers).
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use decision_train::config::Qwen3Config;
+use decision_train::random_checkpoint;
 use decision_train::weights::expected_tensors;
 use rand::{Rng, SeedableRng};
 
 const USAGE: &str = "\
 random_qwen3: a Qwen3 checkpoint of any shape with random weights, and states to train it on
 
-  random_qwen3 --config SHAPE.json --out DIR --tokenizer TOKENIZER.json [options]
+  random_qwen3 --config SHAPE.json --out DIR --tokenizer TOKENIZER [options]
 
   --config FILE     a Hugging Face config.json (configs/shapes/ has Qwen3-0.6B's and -4B's)
-  --out DIR         written: config.json, model.safetensors, tokenizer.json, decision.json
-  --tokenizer FILE  the tokenizer.json to ship (tests/fixtures/export/tiny/tokenizer.json)
+  --out DIR         written: config.json, generation_config.json, model.safetensors, the
+                    tokenizer's files, decision.json
+  --tokenizer PATH  the tokenizer.json to ship (tests/fixtures/export/tiny/tokenizer.json), or a
+                    folder with tokenizer.json and tokenizer_config.json (Qwen3's real one:
+                    `make qwen3-tokenizer` puts it in target/qwen3-tokenizer)
   --dtype bf16|f32  the weights' dtype (default bf16)
-  --states N        also write DIR/states.jsonl with N labelled states (default 0: none)
+  --shards N        split the weights into N files with model.safetensors.index.json (default 1)
+  --hub-cache DIR   lay DIR/ out as a Hugging Face hub cache holding the model, as
+                    `hf download REPO` leaves it: models--OWNER--NAME/ with blobs/, snapshots/REV/
+                    (links to the blobs), refs/main; no decision.json (a download has none).
+                    --out is then unused.
+  --repo ID         the hub id for --hub-cache (default Qwen/Qwen3-4B)
+  --revision REV    the snapshot's revision (default a fixed 40-hex name)
+  --states N        also write DIR/states.jsonl (with --hub-cache: CACHE/states.jsonl) with N
+                    labelled states (default 0: none)
   --tokens T        their prompts padded to about T tokens (default 512)
-  --no-weights      everything but model.safetensors (for a machine that makes the weights)
+  --no-weights      everything but the weights (for a machine that makes them)
 ";
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut config, mut dtype, mut out, mut tokenizer) = (None, "bf16".to_string(), None, None);
-    let (mut states, mut tokens, mut weights) = (0usize, 512usize, true);
+    let (mut states, mut tokens, mut weights, mut shards) = (0usize, 512usize, true, 1usize);
+    let (mut hub_cache, mut repo) = (None, "Qwen/Qwen3-4B".to_string());
+    let mut revision = "0123456789abcdef0123456789abcdef01234567".to_string();
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -48,6 +61,10 @@ fn main() -> Result<()> {
             "--dtype" => dtype = val()?,
             "--out" => out = Some(PathBuf::from(val()?)),
             "--tokenizer" => tokenizer = Some(PathBuf::from(val()?)),
+            "--shards" => shards = val()?.parse()?,
+            "--hub-cache" => hub_cache = Some(PathBuf::from(val()?)),
+            "--repo" => repo = val()?,
+            "--revision" => revision = val()?,
             "--states" => states = val()?.parse()?,
             "--tokens" => tokens = val()?.parse()?,
             "--no-weights" => weights = false,
@@ -58,121 +75,70 @@ fn main() -> Result<()> {
             other => bail!("unknown argument {other} (--help lists them)"),
         }
     }
-    let (config, out, tokenizer) = (
-        config.context("--config")?,
-        out.context("--out")?,
-        tokenizer.context("--tokenizer")?,
-    );
+    let config = config.context("--config")?;
+    let tokenizer = tokenizer.context("--tokenizer")?;
+    let tokenizer_json = if tokenizer.is_dir() {
+        tokenizer.join("tokenizer.json")
+    } else {
+        tokenizer.clone()
+    };
+    // With --hub-cache the files are made in a folder beside the cache, then moved into it.
+    let out = match (&hub_cache, out) {
+        (Some(cache), _) => cache.join(format!(".random_qwen3-{}", std::process::id())),
+        (None, Some(out)) => out,
+        (None, None) => bail!("--out (or --hub-cache)"),
+    };
     let width = match dtype.as_str() {
         "bf16" => 2,
         "f32" => 4,
         other => bail!("--dtype {other}: use bf16 or f32"),
     };
-    let text = std::fs::read_to_string(&config)?;
-    let mut json: serde_json::Value = serde_json::from_str(&text)?;
-    json["torch_dtype"] = if width == 2 { "bfloat16" } else { "float32" }.into();
-    let cfg = Qwen3Config::from_json(&json)?;
-    let std = json["initializer_range"].as_f64().unwrap_or(0.02) as f32;
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("config.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
-    std::fs::copy(&tokenizer, out.join("tokenizer.json"))?;
-    // decision.json with the label token ids, so that a reference side can render and encode
-    // prompts exactly as `decision` does (scripts/bench_scale.py).
-    let tok = decision_train::tokenizer::load(&tokenizer)?;
-    let mut spec = decision_train::default_spec(&tok);
-    spec.max_tokens = 8192;
-    spec.label_token_ids = spec.labels[..spec.max_options]
-        .iter()
-        .map(|l| {
-            tok.token_to_id(l)
-                .with_context(|| format!("label {l:?} is not one token of {}", tokenizer.display()))
-        })
-        .collect::<Result<_>>()?;
-    std::fs::write(
-        out.join("decision.json"),
-        serde_json::to_string_pretty(&spec)?,
-    )?;
-
-    if weights {
-        write_weights(&out, &cfg, width, std)?;
-    }
-    if states > 0 {
-        write_states(&out, &tokenizer, states, tokens)?;
-    }
-    Ok(())
-}
-
-/// `model.safetensors`: the header, then each tensor's bytes in header order.
-fn write_weights(out: &std::path::Path, cfg: &Qwen3Config, width: usize, std: f32) -> Result<()> {
-    let tensors = expected_tensors(cfg);
-    let mut header = serde_json::Map::new();
-    let mut offset = 0usize;
-    for (name, shape) in &tensors {
-        let n: usize = shape.iter().product();
-        let tag = if width == 2 { "BF16" } else { "F32" };
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": tag, "shape": shape, "data_offsets": [offset, offset + n * width]}),
-        );
-        offset += n * width;
-    }
-    let mut head = serde_json::to_vec(&header)?;
-    while head.len() % 8 != 0 {
-        head.push(b' ');
-    }
-    let path = out.join("model.safetensors");
-    let mut f = std::io::BufWriter::with_capacity(1 << 22, std::fs::File::create(&path)?);
-    f.write_all(&(head.len() as u64).to_le_bytes())?;
-    f.write_all(&head)?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
-    let total: usize = tensors
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config)?)?;
+    let cfg = random_checkpoint::write_download(&out, &json, &tokenizer, width, shards, weights)?;
+    let params: usize = expected_tensors(&cfg)
         .iter()
         .map(|(_, s)| s.iter().product::<usize>())
         .sum();
     eprintln!(
-        "{}: {} tensors, {:.2} B parameters",
-        path.display(),
-        tensors.len(),
-        total as f64 / 1e9
+        "{}: {:.3} B parameters ({dtype}{})",
+        out.display(),
+        params as f64 / 1e9,
+        if weights { "" } else { ", weights not written" }
     );
-    let mut buf = Vec::with_capacity(1 << 22);
-    for (name, shape) in &tensors {
-        let n: usize = shape.iter().product();
-        let constant = if name.ends_with("norm.weight") {
-            Some(1.0f32)
-        } else if name.ends_with(".bias") {
-            Some(0.0)
-        } else {
-            None
-        };
-        let mut left = n;
-        while left > 0 {
-            let m = left.min(1 << 20);
-            buf.clear();
-            for _ in 0..m {
-                let x = constant.unwrap_or_else(|| normal(&mut rng) * std);
-                if width == 2 {
-                    buf.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes());
-                } else {
-                    buf.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-            f.write_all(&buf)?;
-            left -= m;
-        }
+    if hub_cache.is_none() {
+        // decision.json with the label token ids, so that a reference side can render and
+        // encode prompts exactly as `decision` does (scripts/bench_scale.py).
+        let tok = decision_train::tokenizer::load(&tokenizer_json)?;
+        let mut spec = decision_train::default_spec(&tok);
+        spec.max_tokens = 8192;
+        spec.label_token_ids = spec.labels[..spec.max_options]
+            .iter()
+            .map(|l| {
+                tok.token_to_id(l).with_context(|| {
+                    format!("label {l:?} is not one token of {}", tokenizer.display())
+                })
+            })
+            .collect::<Result<_>>()?;
+        std::fs::write(
+            out.join("decision.json"),
+            serde_json::to_string_pretty(&spec)?,
+        )?;
     }
-    f.flush()?;
+    if states > 0 {
+        // Beside the hub cache's model folder, not inside it.
+        write_states(
+            hub_cache.as_ref().unwrap_or(&out),
+            &tokenizer_json,
+            states,
+            tokens,
+        )?;
+    }
+    if let Some(cache) = &hub_cache {
+        let snapshot = random_checkpoint::into_hub_cache(&out, cache, &repo, &revision)?;
+        std::fs::remove_dir(&out)?;
+        eprintln!("{repo}@{revision}: {}", snapshot.display());
+    }
     Ok(())
-}
-
-/// A standard normal draw (Box–Muller).
-fn normal(rng: &mut impl Rng) -> f32 {
-    let u1: f32 = rng.random_range(f32::EPSILON..1.0);
-    let u2: f32 = rng.random::<f32>();
-    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
 }
 
 /// `n` labelled shop states whose contexts are padded to about `tokens` words.

@@ -10,6 +10,7 @@ pub mod config;
 mod decision_model;
 pub mod hub;
 pub mod model;
+pub mod random_checkpoint;
 pub mod score;
 pub mod weights;
 

@@ -410,6 +410,75 @@ pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
     }
 }
 
+/// What a pretrained run's source holds besides its weights, checked as the run will use it:
+/// the architecture, and the tokenizer with the run's prompt (`decision.json`, or the defaults
+/// for the tokenizer), whose labels must each be one token. `None` for a random init (its
+/// word-level vocabulary is built from the data). Reads no weights.
+pub fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<String>> {
+    use anyhow::Context as _;
+    if !matches!(cfg.model.init, crate::run_config::Init::Pretrained) {
+        return Ok(None);
+    }
+    let src = cfg.model.source.as_deref().unwrap_or_default();
+    let md = crate::hub::resolve(src, &crate::hub::HubEnv::from_env())?;
+    let tied = if arch.tie_word_embeddings {
+        "embedding tied to the head"
+    } else {
+        "embedding and head apart"
+    };
+    let mut o = format!(
+        "model: {} ({}): {} layers, hidden {}, vocabulary {} rows ({tied})\n",
+        md.origin,
+        md.dir.display(),
+        arch.num_hidden_layers,
+        arch.hidden_size,
+        arch.vocab_size
+    );
+    let tok_path = md.dir.join("tokenizer.json");
+    if !tok_path.is_file() {
+        o.push_str("tokenizer: none in the source (a run needs its tokenizer.json)\n");
+        return Ok(Some(o));
+    }
+    let tok = crate::tokenizer::load(&tok_path)?;
+    let spec_path = md.dir.join(crate::spec::FILE);
+    let (mut spec, which) = if spec_path.is_file() {
+        (crate::DecisionSpec::from_file(&spec_path)?, "decision.json")
+    } else {
+        (crate::default_spec(&tok), "the defaults")
+    };
+    spec.max_options = cfg.data.max_options;
+    spec.max_tokens = cfg.data.max_tokens;
+    let added = tok.get_added_tokens_decoder().len();
+    let total = tok.get_vocab_size(true);
+    if total > arch.vocab_size {
+        anyhow::bail!(
+            "{}: the tokenizer has {total} tokens but the model's vocab_size is {}",
+            md.origin,
+            arch.vocab_size
+        );
+    }
+    let prompter = crate::Prompter::new(&spec, tok, arch.max_position_embeddings)
+        .with_context(|| format!("{}: decision prompt", md.origin))?;
+    let template = match crate::tokenizer::chat_markers(&prompter.tokenizer) {
+        (true, true) => "Qwen's chat template, non-thinking",
+        (true, false) => "Qwen's chat template",
+        (false, _) => "the plain template",
+    };
+    let ids = &prompter.label_token_ids;
+    let _ = writeln!(
+        o,
+        "tokenizer: {total} tokens ({} + {added} added); prompt from {which}: {template}; \
+         labels {}..{}: {} single tokens (ids {}..{})",
+        total - added,
+        spec.labels[0],
+        spec.labels[ids.len() - 1],
+        ids.len(),
+        ids.iter().min().copied().unwrap_or_default(),
+        ids.iter().max().copied().unwrap_or_default(),
+    );
+    Ok(Some(o))
+}
+
 /// The device memory to plan against: `DECISION_DEVICE_MEMORY` (GiB) when set, else what the
 /// system reports for the backend's `device`.
 pub fn device_limit(backend: Backend, device: &Device) -> Result<Option<DeviceMemory>> {

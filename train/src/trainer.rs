@@ -125,6 +125,9 @@ pub fn run(args: &TrainArgs) -> Result<std::process::ExitCode> {
             );
         }
         let arch = crate::plan::architecture(&cfg)?;
+        if let Some(source) = crate::plan::describe_source(&cfg, &arch)? {
+            print!("{source}");
+        }
         let plan = crate::plan::plan(&cfg, &arch);
         let device = crate::plan::device_limit(cfg.train.backend, &gpu)?;
         print!("{}", plan.render(&cfg, device.as_ref()));
