@@ -133,11 +133,19 @@ gpu-check-prepare:
 	du -sh $(GPU_CHECK)
 
 ## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives
-## it: start-up to the ready line, p50 / p95 per decision over 200 keel-shaped requests, on the worker
-## fixture bundle, the demo bundle when `make demo` has built it, and the 0.6B-shape bundle when
-## bench-out/worker-0.6b exists (README, "Speed", says how to make it). The dev build's dependencies
-## are optimised (Cargo.toml), so tract runs at the opt-level a release build gives it.
-WORKER_BUNDLES := tests/fixtures/worker/bundle $(wildcard $(OUT)/bundle) $(wildcard bench-out/worker-0.6b)
-bench-worker:
-	$(CARGO) build -p decision-worker
+## it: start-up to the ready line, p50 / p95 per decision over 200 keel-shaped requests, and from the
+## worker's receipts the prompt length and the time to tokenize beside the model's; on the worker
+## fixture bundle, the demo bundle when `make demo` has built it, the real-vocabulary bundle (Qwen3's
+## tokenizer and 151936-row vocabulary, narrow body) at 2048-token prompts, and the 0.6B-shape
+## bundle when bench-out/worker-0.6b exists (README, "Speed", says how to make it). The dev build's
+## dependencies are optimised (Cargo.toml), so tract runs at the opt-level a release build gives it.
+WORKER_BUNDLES := tests/fixtures/worker/bundle $(wildcard $(OUT)/bundle) bench-out/worker-real-vocab@2048 $(wildcard bench-out/worker-0.6b)
+bench-out/worker-real-vocab: tests/fixtures/model/real-vocab-narrow/config.json
+	scripts/fetch_qwen3_tokenizer.sh
+	$(CARGO) build --workspace --bin decision --example random_qwen3
+	rm -rf bench-out/real-vocab-model $@
+	target/debug/examples/random_qwen3 --config $< --dtype f32 --tokenizer target/qwen3-tokenizer --out bench-out/real-vocab-model
+	$(BIN) export --model bench-out/real-vocab-model --formats onnx --check-samples 4 --out $@
+bench-worker: bench-out/worker-real-vocab
+	$(CARGO) build --workspace --bin decision-worker
 	python3 scripts/bench_worker.py --worker target/debug/decision-worker --decisions 200 $(WORKER_BUNDLES)

@@ -32,19 +32,9 @@ impl Fixture {
     fn new(tokenizer: &Path) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let shape = std::fs::read_to_string(root.join("configs/shapes/qwen3-4b.json")).unwrap();
-        let mut config: Value = serde_json::from_str(&shape).unwrap();
-        for (k, v) in [
-            ("hidden_size", 64),
-            ("intermediate_size", 128),
-            ("num_hidden_layers", 2),
-            ("max_window_layers", 2),
-            ("num_attention_heads", 2),
-            ("num_key_value_heads", 1),
-            ("head_dim", 32),
-        ] {
-            config[k] = v.into();
-        }
+        // Qwen3-4B's config.json with a narrow body (tests/fixtures/model/real-vocab-narrow/).
+        let shape = root.join("tests/fixtures/model/real-vocab-narrow/config.json");
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(shape).unwrap()).unwrap();
         let staging = dir.path().join("download");
         random_checkpoint::write_download(&staging, &config, tokenizer, 2, 3, true).unwrap();
         let cache = dir.path().join("hub");
@@ -139,7 +129,7 @@ fn a_hub_snapshot_of_the_real_vocabulary_trains_exports_and_serves() {
         "train.max_steps=3",
         "optim.grad_accum=1",
         "optim.warmup_steps=0",
-        "data.max_tokens=512",
+        "data.max_tokens=2048",
         "lora.rank=4",
         "lora.alpha=8.0",
         "lora.trainable_tokens=[\"Ġrefund\"]",
@@ -168,6 +158,32 @@ fn a_hub_snapshot_of_the_real_vocabulary_trains_exports_and_serves() {
     assert!(scored.contains("0 truncated"), "{scored}");
     let lines = std::fs::read_to_string(&scores).unwrap();
     assert!(lines.lines().count() > 50);
+    // Real lengths: contexts of about 1 900 and 2 200 tokens against max_tokens = 2048; the
+    // second loses its oldest context.
+    let sentence = "Order ord_117 left the Leeds warehouse on Monday; 客户在等 📦. ";
+    let long: Vec<decision_data::State> = [85, 100]
+        .iter()
+        .map(|&n| {
+            let candidates = [("a", "lookup_order"), ("b", "issue_refund")]
+                .map(|(i, l)| (i.to_string(), l.to_string()));
+            let context = sentence.repeat(n);
+            decision_data::State::unlabelled(&format!("long-{n}"), "tool", &context, candidates)
+        })
+        .collect();
+    let long_states = fx.path("long.jsonl");
+    decision_data::write_states(Path::new(&long_states), &long).unwrap();
+    let long_scores = fx.path("long-scores.jsonl");
+    let scored = ok(
+        fx.decision(
+            &["score", "--model", &format!("{run}/final")],
+            &["--data", &long_states, "--out", &long_scores],
+        ),
+        "score long",
+    );
+    assert!(
+        scored.contains("1 truncated to max_tokens = 2048"),
+        "{scored}"
+    );
 
     // The bundle, verified; then the simulated agent and keel's worker on it.
     let bundle = fx.path("bundle");
@@ -202,7 +218,8 @@ fn a_hub_snapshot_of_the_real_vocabulary_trains_exports_and_serves() {
 }
 
 /// `decision-worker` on the bundle, as keel drives it: the ready line, then a request whose
-/// context types Qwen's chat markers, answered with a probability for every candidate.
+/// context types Qwen's chat markers, answered with a probability for every candidate, then
+/// prompts at the length limit.
 fn worker_answers_keel(bundle: &Path) {
     let exe = Path::new(env!("CARGO_BIN_EXE_decision")).with_file_name("decision-worker");
     assert!(
@@ -255,7 +272,94 @@ fn worker_answers_keel(bundle: &Path) {
             .unwrap_or_else(|| panic!("{id}: {reply}"));
         assert!(p > 0.0 && p < 1.0, "{reply}");
     }
+
+    // Real lengths: a context of about 1 900 tokens (English, Chinese, emoji) fits
+    // max_tokens = 2048 and is answered; one of about 2 200 does not, and keel hears capacity.
+    let sentence = "Order ord_117 left the Leeds warehouse on Monday; 客户在等 📦. ";
+    for (repeats, fits) in [(85, true), (100, false)] {
+        let mut long = request.clone();
+        long["state"] = format!(
+            "task: where is my order\ncontext: {}",
+            sentence.repeat(repeats)
+        )
+        .into();
+        writeln!(stdin, "{long}").unwrap();
+        let reply = message();
+        if fits {
+            assert!(reply["probabilities"].is_object(), "{repeats}: {reply}");
+        } else {
+            assert_eq!(reply, json!({"error": "capacity"}), "{repeats}");
+        }
+    }
     drop(stdin);
     let status = child.wait().unwrap();
     assert!(status.success());
+}
+
+/// A Python that imports torch and transformers: `$DECISION_PYTHON`, else `python3`.
+fn transformers_python() -> Result<PathBuf, String> {
+    let py = std::env::var_os("DECISION_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    match Command::new(&py)
+        .args(["-c", "import torch, transformers"])
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(py),
+        Ok(o) => Err(format!(
+            "{} cannot import torch and transformers: {}",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        )),
+        Err(e) => Err(format!("{}: {e}", py.display())),
+    }
+}
+
+/// The snapshot scored by hub id matches transformers loading the same snapshot from the same
+/// cache (scripts/check_hub_logits.py: each state's label logits within 1e-5, f32). Needs torch
+/// + transformers, which CI does not install (NOT RUN there): `make bench-out/venv-model/.ok`,
+/// then `DECISION_PYTHON=bench-out/venv-model/bin/python cargo test --workspace --test real_vocab`.
+#[test]
+fn the_snapshot_scores_as_transformers_does() {
+    let Some(tokenizer) = checkers::qwen3_tokenizer("real_vocab transformers") else {
+        return;
+    };
+    let py = match transformers_python() {
+        Ok(py) => py,
+        Err(why) => {
+            checkers::not_run(
+                "the_snapshot_scores_as_transformers_does",
+                "transformers",
+                &format!(
+                    "{why}; set DECISION_PYTHON to a Python with scripts/requirements-model.txt"
+                ),
+            );
+            return;
+        }
+    };
+    let fx = Fixture::new(&tokenizer);
+    let scores = fx.path("scores.jsonl");
+    let model = format!("{REPO}@{REV}");
+    let states = fx.states.display().to_string();
+    ok(
+        fx.decision(
+            &["score", "--model", &model, "--data", &states],
+            &["--out", &scores, "--emit-tokens", "--dtype", "f32"],
+        ),
+        "score",
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let check = Command::new(py)
+        .arg(root.join("scripts/check_hub_logits.py"))
+        .args(["--model", REPO, "--revision", REV, "--scores", &scores])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", &fx.cache)
+        .output()
+        .unwrap();
+    let said = ok(check, "scripts/check_hub_logits.py");
+    eprintln!("{}", said.trim());
+    assert!(said.contains("vocabulary 151936"), "{said}");
 }

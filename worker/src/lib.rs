@@ -40,6 +40,8 @@ pub enum Answer {
         escalated: Option<&'static str>,
         /// What keel will do with the reply.
         keel: KeelVerdict,
+        /// Where the time went; none for a single candidate, which is not scored.
+        timing: Option<Timing>,
     },
     Capacity {
         point: String,
@@ -58,6 +60,14 @@ impl Answer {
             Answer::Inference { .. } => INFERENCE.into(),
         }
     }
+}
+
+/// Where one decision's time went: rendering and tokenizing the prompt, then the model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    pub prompt_tokens: usize,
+    pub encode_ms: f64,
+    pub model_ms: f64,
 }
 
 /// Options that are not in the bundle.
@@ -95,10 +105,14 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
             threshold,
             escalated: Some("single-candidate"),
             keel,
+            timing: None,
         };
     }
     let state = bundle.state(&point, &req.state, &req.candidates);
-    let enc = match bundle.prompter.encode(&state) {
+    let t0 = Instant::now();
+    let encoded = bundle.prompter.encode(&state);
+    let encode_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let enc = match encoded {
         Ok(e) if e.truncated => {
             return Answer::Capacity {
                 point,
@@ -126,6 +140,7 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
             };
         }
     };
+    let t1 = Instant::now();
     let probs = match bundle.probabilities(&enc, &point) {
         Ok(p) => p,
         Err(e) => {
@@ -134,6 +149,11 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
             };
         }
     };
+    let timing = Some(Timing {
+        prompt_tokens: enc.input_ids.len(),
+        encode_ms,
+        model_ms: t1.elapsed().as_secs_f64() * 1000.0,
+    });
     let pick = decision_data::stats::first_max(&probs);
     let escalated = match threshold {
         None => Some("no-threshold"),
@@ -154,6 +174,7 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
             threshold,
             escalated,
             keel,
+            timing,
         },
         // Cannot happen by construction; if it did, keel would refuse the reply anyway.
         Err(why) => Answer::Inference {
@@ -193,7 +214,13 @@ pub fn receipt(
             threshold,
             escalated,
             keel,
+            timing,
         } => {
+            if let Some(t) = timing {
+                worker["prompt_tokens"] = json!(t.prompt_tokens);
+                worker["encode_ms"] = json!((t.encode_ms * 1000.0).round() / 1000.0);
+                worker["model_ms"] = json!((t.model_ms * 1000.0).round() / 1000.0);
+            }
             worker["threshold"] = json!(threshold);
             worker["probabilities"] = json!(probs);
             worker["model_pick"] = json!(ids[*pick]);

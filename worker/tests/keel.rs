@@ -352,7 +352,22 @@ fn answers_like_decision_score_and_passes_every_keel_check() {
         assert!(r.get("outcome").is_none(), "outcome pending");
         let w = &r["worker"];
         assert_eq!(w["bundle_sha256"].as_str().unwrap().len(), 64);
-        assert!(w["latency_ms"].as_f64().unwrap() >= 0.0);
+        let latency = w["latency_ms"].as_f64().unwrap();
+        assert!(latency >= 0.0);
+        // A scored decision says where its time went: tokenizing, then the model.
+        if let Some(model_ms) = w.get("model_ms") {
+            let encode_ms = w["encode_ms"].as_f64().unwrap();
+            assert!(
+                encode_ms + model_ms.as_f64().unwrap() <= latency + 1e-3,
+                "{w}"
+            );
+            assert!(w["prompt_tokens"].as_u64().unwrap() > 10, "{w}");
+        } else {
+            assert!(
+                w.get("probabilities").is_none() || r["candidates"].as_array().unwrap().len() == 1,
+                "{r}"
+            );
+        }
         if r["result"]["kind"] == "pick" {
             let t = w["threshold"].as_f64().unwrap();
             assert!(r["result"]["confidence"].as_f64().unwrap() >= t, "{r}");
