@@ -320,7 +320,7 @@ fn transformers_python() -> Result<PathBuf, String> {
 
 /// The snapshot scored by hub id matches transformers loading the same snapshot from the same
 /// cache (scripts/check_hub_logits.py: each state's label logits within 1e-5, f32). Needs torch
-/// + transformers, which CI does not install (NOT RUN there): `make bench-out/venv-model/.ok`,
+/// and transformers, which CI does not install (NOT RUN there): `make bench-out/venv-model/.ok`,
 /// then `DECISION_PYTHON=bench-out/venv-model/bin/python cargo test --workspace --test real_vocab`.
 #[test]
 fn the_snapshot_scores_as_transformers_does() {

@@ -58,7 +58,7 @@ pub fn write_weights(
     for (k, group) in groups.iter().enumerate() {
         let path = dir.join(name(k));
         write_file(&path, group, width, std, &mut rng)?;
-        for (t, _) in group.iter().copied() {
+        for (t, _) in group {
             weight_map.insert(t.clone(), name(k).into());
         }
         written.push(path);
@@ -88,7 +88,7 @@ fn write_file(
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut offset = 0usize;
-    for (name, shape) in tensors.iter().copied() {
+    for (name, shape) in tensors {
         let bytes = shape.iter().product::<usize>() * width;
         header.insert(
             name.clone(),
@@ -106,7 +106,7 @@ fn write_file(
     f.write_all(&(head.len() as u64).to_le_bytes())?;
     f.write_all(&head)?;
     let mut buf = Vec::with_capacity(1 << 22);
-    for (name, shape) in tensors.iter().copied() {
+    for (name, shape) in tensors {
         let constant = if name.ends_with("norm.weight") {
             Some(1.0f32)
         } else if name.ends_with(".bias") {
