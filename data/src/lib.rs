@@ -8,6 +8,7 @@
 pub mod atomic;
 pub mod calibration;
 pub mod cli;
+pub mod contract;
 /// Synthetic decision states (`decision gen states`); `gen` is a reserved word in edition 2024.
 pub mod r#gen;
 pub mod outputs;

@@ -23,20 +23,10 @@ use decision_data::atomic::StagedDir;
 pub use decision_data::tree::hash_file;
 use serde::{Deserialize, Serialize};
 
-pub const SCHEMA: &str = "decision-bundle/1";
-pub const MANIFEST: &str = "manifest.json";
-pub const DECISION: &str = "decision.json";
-pub const TOKENIZER: &str = "tokenizer.json";
-pub const THRESHOLDS: &str = "thresholds.json";
-pub const ADAPTER_DIR: &str = "adapter";
-
-/// One file of the bundle: path relative to the bundle (`/`-separated), size, SHA-256 (hex).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileEntry {
-    pub path: String,
-    pub bytes: u64,
-    pub sha256: String,
-}
+// The bundle's names, schema and file entries are the contract's (decision_data::contract).
+pub use decision_data::contract::bundle::{
+    ADAPTER_DIR, DECISION, FileEntry, MANIFEST, SCHEMA, THRESHOLDS, TOKENIZER, list_files,
+};
 
 /// The PEFT adapter merged into the model files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,13 +101,6 @@ pub struct Manifest {
     /// tolerance. A check that could not run (the coremltools check without Python) is listed with
     /// `ran: false` and its `reason`.
     pub verified_with: Vec<serde_json::Value>,
-}
-
-/// Every file under `dir` except the manifest, as bundle-relative `/`-separated paths, sorted.
-pub fn list_files(dir: &Path) -> Result<Vec<String>> {
-    let mut out = decision_data::tree::relative_files(dir)?;
-    out.retain(|p| p != MANIFEST);
-    Ok(out)
 }
 
 /// Size and hash of every file in the bundle folder.

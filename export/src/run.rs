@@ -150,7 +150,7 @@ fn check_args(opts: &ExportOptions) -> Result<()> {
         bail!("--formats lists nothing to write");
     }
     if let Some(t) = &opts.thresholds {
-        verify::check_thresholds(t).with_context(|| format!("--thresholds {}", t.display()))?;
+        verify::check_thresholds(t).context("--thresholds")?;
     }
     Ok(())
 }

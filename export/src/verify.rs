@@ -54,47 +54,9 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
 }
 
-/// Every symbolic link under `dir`, as a problem: a bundle is copied to the app as it is, and a
-/// link would carry a file from outside it (or none at all) past the hashes.
-fn check_no_links(dir: &Path, v: &mut Verdict) {
-    fn walk(root: &Path, dir: &Path, v: &mut Verdict) {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) => {
-                v.problems
-                    .push(format!("{}: cannot list ({e})", dir.display()));
-                return;
-            }
-        };
-        for entry in entries.filter_map(|e| e.ok()) {
-            let path = entry.path();
-            let rel = path
-                .strip_prefix(root)
-                .unwrap_or(&path)
-                .display()
-                .to_string();
-            match entry.file_type() {
-                Ok(t) if t.is_symlink() => {
-                    let to = std::fs::read_link(&path)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_else(|_| "?".into());
-                    v.problems.push(format!(
-                        "{rel}: a symbolic link (to {to}); a bundle holds only regular files and \
-                         folders"
-                    ));
-                }
-                Ok(t) if t.is_dir() => walk(root, &path, v),
-                _ => {}
-            }
-        }
-    }
-    walk(dir, dir, v);
-}
-
 /// Check a bundle folder.
 pub fn verify(dir: &Path) -> Verdict {
     let mut v = Verdict::default();
-    check_no_links(dir, &mut v);
     let manifest_path = dir.join(bundle::MANIFEST);
     let manifest = match read_json(&manifest_path).and_then(|j| {
         match j.get("schema").and_then(Value::as_str) {
@@ -106,17 +68,31 @@ pub fn verify(dir: &Path) -> Verdict {
         Ok(m) => m,
         Err(e) => {
             v.problems
+                .extend(decision_data::contract::bundle::links(dir));
+            v.problems
                 .push(format!("{}: {e:#}", manifest_path.display()));
             return v;
         }
     };
-    check_files(dir, &manifest, &mut v);
+    // The manifest walk the worker runs too; here an unlisted file is a problem as well.
+    let walk = decision_data::contract::bundle::walk(
+        dir,
+        &manifest.files,
+        &[bundle::DECISION, bundle::TOKENIZER],
+    );
+    v.files_checked = walk.files_checked;
+    v.problems.extend(walk.problems);
+    for p in walk.unlisted {
+        v.problems
+            .push(format!("{p}: in the bundle but not in manifest.json"));
+    }
     let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
     check_decision(dir, &mut v);
     if listed.contains(bundle::THRESHOLDS)
         && let Err(e) = check_thresholds(&dir.join(bundle::THRESHOLDS))
     {
-        v.problems.push(format!("{}: {e:#}", bundle::THRESHOLDS));
+        // The error names the file.
+        v.problems.push(format!("{e:#}"));
     }
     let config = Qwen3Config::from_json(&manifest.model.config);
     if let Err(e) = &config {
@@ -150,55 +126,6 @@ pub fn verify(dir: &Path) -> Verdict {
     v
 }
 
-fn check_files(dir: &Path, m: &Manifest, v: &mut Verdict) {
-    for f in &m.files {
-        if f.path
-            .split('/')
-            .any(|p| p.is_empty() || p == "." || p == "..")
-            || f.path.starts_with('/')
-        {
-            v.problems.push(format!(
-                "manifest.json lists {:?}, which is not a path inside the bundle",
-                f.path
-            ));
-            continue;
-        }
-        match bundle::hash_file(&dir.join(&f.path)) {
-            Err(e) => v.problems.push(format!("{}: {e:#}", f.path)),
-            Ok((bytes, sha)) => {
-                v.files_checked += 1;
-                if bytes != f.bytes {
-                    v.problems.push(format!(
-                        "{}: {bytes} bytes, the manifest says {}",
-                        f.path, f.bytes
-                    ));
-                } else if sha != f.sha256 {
-                    v.problems.push(format!(
-                        "{}: sha256 {sha}, the manifest says {}",
-                        f.path, f.sha256
-                    ));
-                }
-            }
-        }
-    }
-    match bundle::list_files(dir) {
-        Ok(present) => {
-            let listed: BTreeSet<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
-            for p in present.iter().filter(|p| !listed.contains(p.as_str())) {
-                v.problems
-                    .push(format!("{p}: in the bundle but not in manifest.json"));
-            }
-        }
-        Err(e) => v.problems.push(format!("{}: {e:#}", dir.display())),
-    }
-    for required in [bundle::DECISION, bundle::TOKENIZER] {
-        if !m.files.iter().any(|f| f.path == required) {
-            v.problems
-                .push(format!("{required}: missing from the bundle"));
-        }
-    }
-}
-
 fn check_decision(dir: &Path, v: &mut Verdict) {
     let path = dir.join(bundle::DECISION);
     let spec = match decision_train::DecisionSpec::from_file(&path) {
@@ -225,40 +152,9 @@ fn check_decision(dir: &Path, v: &mut Verdict) {
     }
 }
 
-/// `thresholds.json` against contracts section 4.
+/// `thresholds.json` against contracts section 4 (its one reader, `decision_data::contract`).
 pub fn check_thresholds(path: &Path) -> Result<()> {
-    let j = read_json(path)?;
-    match j.get("schema").and_then(Value::as_str) {
-        Some("decision-thresholds/1") => {}
-        other => anyhow::bail!("schema is {other:?}, expected \"decision-thresholds/1\""),
-    }
-    if j.get("fitted_at").and_then(Value::as_str).is_none() {
-        anyhow::bail!("field `fitted_at` is missing");
-    }
-    let points = j
-        .get("points")
-        .and_then(Value::as_object)
-        .context("field `points` is missing or not an object")?;
-    for (name, p) in points {
-        let status = p.get("status").and_then(Value::as_str).unwrap_or("");
-        let threshold = p
-            .get("threshold")
-            .with_context(|| format!("points.{name}: field `threshold` is missing"))?;
-        match (status, threshold) {
-            ("fitted", Value::Number(n)) if (0.0..=1.0).contains(&n.as_f64().unwrap_or(-1.0)) => {}
-            ("fitted", t) => {
-                anyhow::bail!("points.{name}: status fitted needs a threshold in [0, 1], got {t}")
-            }
-            ("insufficient-data" | "no-acceptable-bucket", Value::Null) => {}
-            ("insufficient-data" | "no-acceptable-bucket", t) => {
-                anyhow::bail!("points.{name}: status {status} must have a null threshold, got {t}")
-            }
-            (other, _) => anyhow::bail!(
-                "points.{name}: status {other:?} is not one of fitted, insufficient-data, no-acceptable-bucket"
-            ),
-        }
-    }
-    Ok(())
+    decision_data::contract::thresholds::ThresholdsFile::read(path).map(|_| ())
 }
 
 fn check_onnx(dir: &Path, o: &bundle::OnnxFacts, m: &Manifest) -> Result<()> {

@@ -14,56 +14,34 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::{Context, Result};
+use decision_data::contract::thresholds::ThresholdsFile;
+use serde::Serialize;
 
 use crate::aggregate::PointAgg;
 use crate::bounds;
-use crate::thresholds::{PointFit, SCHEMA};
+use crate::thresholds::PointFit;
 
-/// The part of a previous thresholds.json the comparison needs.
-#[derive(Debug, Clone, Deserialize)]
+/// A previous thresholds.json, read and checked by the contract's one reader.
+#[derive(Debug, Clone)]
 pub struct Previous {
-    pub schema: String,
-    #[serde(default)]
-    pub fitted_at: Option<String>,
-    pub points: BTreeMap<String, PreviousPoint>,
-    #[serde(skip)]
+    pub file: ThresholdsFile,
     pub path: PathBuf,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct PreviousPoint {
-    pub status: String,
-    pub threshold: Option<f64>,
-    #[serde(default)]
-    pub coverage: Option<f64>,
-    #[serde(default)]
-    pub success_above: Option<f64>,
-    #[serde(default)]
-    pub judged: Option<u64>,
 }
 
 impl Previous {
     pub fn read(path: &Path) -> Result<Previous> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut p: Previous = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a thresholds file", path.display()))?;
-        if p.schema != SCHEMA {
-            bail!(
-                "{}: schema {:?} is not {SCHEMA:?}; refusing to compare",
-                path.display(),
-                p.schema
-            );
-        }
-        p.path = path.to_path_buf();
-        Ok(p)
+        let file = ThresholdsFile::read(path).context("--previous: refusing to compare")?;
+        Ok(Previous {
+            file,
+            path: path.to_path_buf(),
+        })
     }
 
     /// The old thresholds to count above, per point.
     pub fn cuts(&self) -> BTreeMap<String, Vec<f64>> {
-        self.points
+        self.file
+            .points
             .iter()
             .filter_map(|(name, p)| p.threshold.map(|t| (name.clone(), vec![t])))
             .collect()
@@ -140,19 +118,20 @@ pub(crate) fn compare(
     aggs: &BTreeMap<String, PointAgg>,
     fits: &BTreeMap<String, PointFit>,
 ) -> Vec<DriftRow> {
-    let mut names: Vec<&String> = prev.points.keys().chain(fits.keys()).collect();
+    let points = &prev.file.points;
+    let mut names: Vec<&String> = points.keys().chain(fits.keys()).collect();
     names.sort();
     names.dedup();
     names
         .into_iter()
         .filter_map(|name| {
-            let old = prev.points.get(name);
+            let old = points.get(name);
             let (Some(new), Some(agg)) = (fits.get(name), aggs.get(name)) else {
                 // In the previous file only: no receipts for it now.
                 let old = old?;
                 return Some(DriftRow {
                     point: name.clone(),
-                    old_status: Some(old.status.clone()),
+                    old_status: Some(old.status.as_str().to_string()),
                     new_status: "no receipts".into(),
                     old_threshold: old.threshold,
                     new_threshold: None,
@@ -209,8 +188,8 @@ pub(crate) fn compare(
             };
             Some(DriftRow {
                 point: name.clone(),
-                old_status: old.map(|o| o.status.clone()),
-                new_status: serde_json::to_value(new.status).ok()?.as_str()?.to_string(),
+                old_status: old.map(|o| o.status.as_str().to_string()),
+                new_status: new.status.as_str().to_string(),
                 old_threshold: old_t,
                 new_threshold: new.threshold,
                 old_coverage: old.and_then(|o| o.coverage),

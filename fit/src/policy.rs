@@ -1,8 +1,6 @@
 //! The threshold rules of issue 5: confidence buckets, and the `bucket`, `cost` and `risk`
 //! policies that pick a threshold from them.
 
-use serde::Serialize;
-
 use crate::bounds;
 use crate::config::{Bound, PointPolicy, PolicyKind};
 
@@ -76,14 +74,8 @@ pub struct BucketCount {
     pub success: u64,
 }
 
-/// What a policy decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Status {
-    Fitted,
-    InsufficientData,
-    NoAcceptableBucket,
-}
+/// What a policy decided: a point's `status` in thresholds.json (the contract's type).
+pub use decision_data::contract::thresholds::Status;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {

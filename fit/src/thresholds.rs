@@ -13,7 +13,7 @@ use crate::bounds;
 use crate::config::PointPolicy;
 use crate::policy::{Status, decide};
 
-pub const SCHEMA: &str = "decision-thresholds/1";
+pub use decision_data::contract::thresholds::SCHEMA;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Thresholds {

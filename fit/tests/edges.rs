@@ -237,7 +237,7 @@ fn previous_file_drift_and_never_overwritten() {
         "[defaults]\nbound = \"none\"\ntarget = 0.9\nmin_count = 30\n",
     );
     let prev = d.path().join("old.json");
-    let old = json!({"schema": "decision-thresholds/1", "points": {
+    let old = json!({"schema": "decision-thresholds/1", "fitted_at": "2026-10-31T12:00:00Z", "points": {
         "tool": {"status": "fitted", "threshold": 0.5, "coverage": 0.8, "success_above": 0.93, "judged": 100},
         "gone": {"status": "fitted", "threshold": 0.7, "coverage": 0.5, "success_above": 0.99}
     }});

@@ -96,20 +96,8 @@ pub fn svg_path(report: &Path) -> PathBuf {
 
 /// Read the thresholds of a `thresholds.json` (contracts section 4), each checked.
 pub fn read_thresholds(path: &Path) -> Result<Thresholds> {
-    let prev = decision_fit::drift::Previous::read(path)?;
-    let mut out = Thresholds::new();
-    for (name, p) in prev.points {
-        if let Some(t) = p.threshold
-            && !(0.0..=1.0).contains(&t)
-        {
-            bail!(
-                "{}: points.{name}.threshold {t} is not in [0, 1]",
-                path.display()
-            );
-        }
-        out.insert(name, p.threshold);
-    }
-    Ok(out)
+    let file = decision_data::contract::thresholds::ThresholdsFile::read(path)?;
+    Ok(file.thresholds().into_iter().collect())
 }
 
 /// What one simulation produced.

@@ -218,7 +218,8 @@ fn the_report_has_the_contract_shape_and_the_cascade_holds_success() {
         .collect();
     let tmp = tempfile::tempdir().unwrap();
     let th_path = tmp.path().join("th.json");
-    let th_json = serde_json::json!({"schema": "decision-thresholds/1", "points": {
+    let th_json = serde_json::json!({"schema": "decision-thresholds/1",
+        "fitted_at": "2026-11-30T12:00:00Z", "points": {
         "tool": {"status": "fitted", "threshold": 0.95},
         "args": {"status": "fitted", "threshold": 0.95},
         "stop": {"status": "insufficient-data", "threshold": null}}});

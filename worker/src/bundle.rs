@@ -10,26 +10,15 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use decision_data::State;
-use decision_data::tree::hash_file;
 use decision_prompt::score::softmax_t;
 use decision_prompt::{DecisionSpec, Encoded, Prompter};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tract_onnx::prelude::*;
 
-pub const MANIFEST: &str = "manifest.json";
-pub const MANIFEST_SCHEMA: &str = "decision-bundle/1";
-pub const DECISION: &str = "decision.json";
-pub const TOKENIZER: &str = "tokenizer.json";
-pub const THRESHOLDS: &str = "thresholds.json";
-pub const THRESHOLDS_SCHEMA: &str = "decision-thresholds/1";
-
-#[derive(Deserialize)]
-struct ManifestFile {
-    path: String,
-    bytes: u64,
-    sha256: String,
-}
+pub use decision_data::contract::bundle::{DECISION, MANIFEST, THRESHOLDS, TOKENIZER};
+use decision_data::contract::bundle::{FileEntry, SCHEMA as MANIFEST_SCHEMA};
+use decision_data::contract::thresholds::ThresholdsFile;
 
 #[derive(Deserialize)]
 struct ManifestOnnx {
@@ -58,7 +47,7 @@ struct Manifest {
     model: ManifestModel,
     #[serde(default)]
     formats: ManifestFormats,
-    files: Vec<ManifestFile>,
+    files: Vec<FileEntry>,
 }
 
 /// A point's entry in `thresholds.json`: `None` is `threshold: null` (never auto-accept).
@@ -87,48 +76,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-fn inside_bundle(rel: &str) -> bool {
-    !rel.starts_with('/')
-        && !rel.contains('\\')
-        && rel
-            .split('/')
-            .all(|p| !p.is_empty() && p != "." && p != "..")
-}
-
-/// Every file under `dir` except the manifest, bundle-relative, sorted.
-fn list_files(dir: &Path) -> Result<Vec<String>> {
-    let mut out = decision_data::tree::relative_files(dir)?;
-    out.retain(|p| p != MANIFEST);
-    Ok(out)
-}
-
-/// `thresholds.json` (contracts section 4): each point's threshold, checked.
+/// `thresholds.json` (contracts section 4), read with its one reader: each point's threshold.
 pub fn parse_thresholds(bytes: &[u8]) -> Result<Thresholds> {
-    let j: serde_json::Value =
-        serde_json::from_slice(bytes).context("thresholds.json: not valid JSON")?;
-    match j.get("schema").and_then(|s| s.as_str()) {
-        Some(THRESHOLDS_SCHEMA) => {}
-        other => bail!("thresholds.json: schema is {other:?}, expected {THRESHOLDS_SCHEMA:?}"),
-    }
-    let points = j
-        .get("points")
-        .and_then(|p| p.as_object())
-        .context("thresholds.json: `points` is missing or not an object")?;
-    let mut out = Thresholds::new();
-    for (name, p) in points {
-        let t = match p.get("threshold") {
-            None => bail!("thresholds.json: points.{name}: `threshold` is missing"),
-            Some(serde_json::Value::Null) => None,
-            Some(v) => match v.as_f64() {
-                Some(t) if (0.0..=1.0).contains(&t) => Some(t),
-                _ => {
-                    bail!("thresholds.json: points.{name}: threshold {v} is not in [0, 1] or null")
-                }
-            },
-        };
-        out.insert(name.clone(), t);
-    }
-    Ok(out)
+    Ok(ThresholdsFile::parse(bytes)
+        .context(THRESHOLDS)?
+        .thresholds())
 }
 
 impl Bundle {
@@ -147,7 +99,7 @@ impl Bundle {
                 manifest.schema
             );
         }
-        let listed: BTreeMap<&str, &ManifestFile> = manifest
+        let listed: BTreeMap<&str, &FileEntry> = manifest
             .files
             .iter()
             .map(|f| (f.path.as_str(), f))
@@ -156,54 +108,23 @@ impl Bundle {
             "manifest.json: the bundle holds no model.onnx (export with --formats onnx)",
         )?;
 
-        // Every listed file, streamed: sizes and hashes.
-        let mut problems = Vec::new();
-        for f in &manifest.files {
-            if !inside_bundle(&f.path) {
-                problems.push(format!(
-                    "manifest.json lists {:?}, not a path inside the bundle",
-                    f.path
-                ));
-                continue;
-            }
-            match hash_file(&dir.join(&f.path)) {
-                Err(e) => problems.push(format!("{}: {e:#}", f.path)),
-                Ok((bytes, _)) if bytes != f.bytes => problems.push(format!(
-                    "{}: {bytes} bytes, the manifest says {}",
-                    f.path, f.bytes
-                )),
-                Ok((_, sha)) if sha != f.sha256 => problems.push(format!(
-                    "{}: sha256 {sha}, the manifest says {}",
-                    f.path, f.sha256
-                )),
-                Ok(_) => {}
-            }
-        }
-        let present = list_files(dir)?;
+        // The manifest walk `bundle verify` runs: no links, every listed file's size and hash,
+        // the files the worker reads listed (thresholds.json when it is there).
         let mut required = vec![DECISION, TOKENIZER, onnx.file.as_str()];
         if let Some(d) = &onnx.external_data {
             required.push(d.as_str());
         }
-        if present.iter().any(|p| p == THRESHOLDS) {
+        if dir.join(THRESHOLDS).exists() {
             required.push(THRESHOLDS);
         }
-        for r in required {
-            if !listed.contains_key(r) {
-                problems.push(format!(
-                    "{r}: not listed in manifest.json, so it cannot be trusted"
-                ));
-            }
-        }
-        if !problems.is_empty() {
+        let walk = decision_data::contract::bundle::walk(dir, &manifest.files, &required);
+        if !walk.problems.is_empty() {
             bail!(
                 "the bundle does not match its manifest: {}",
-                problems.join("; ")
+                walk.problems.join("; ")
             );
         }
-        let unlisted: Vec<String> = present
-            .into_iter()
-            .filter(|p| !listed.contains_key(p.as_str()))
-            .collect();
+        let unlisted = walk.unlisted;
 
         // The small files are read once and re-hashed as read, so what is parsed is what was
         // checked.
@@ -330,40 +251,5 @@ impl Bundle {
     /// The threshold in force at `point` (`None`: escalate).
     pub fn threshold(&self, point: &str) -> Option<f64> {
         self.thresholds.get(point).copied().flatten()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thresholds_are_read_and_checked() {
-        let t = parse_thresholds(
-            br#"{"schema":"decision-thresholds/1","fitted_at":"x","points":{
-                "pre_step":{"status":"fitted","threshold":0.9},
-                "intake":{"status":"insufficient-data","threshold":null}}}"#,
-        )
-        .unwrap();
-        assert_eq!(t["pre_step"], Some(0.9));
-        assert_eq!(t["intake"], None);
-        let e = parse_thresholds(
-            br#"{"schema":"decision-thresholds/1","points":{"a":{"threshold":1.5}}}"#,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("points.a") && e.contains("1.5"), "{e}");
-        let e = parse_thresholds(br#"{"schema":"x","points":{}}"#)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("schema"), "{e}");
-    }
-
-    #[test]
-    fn paths_must_stay_inside() {
-        assert!(inside_bundle("model.onnx") && inside_bundle("adapter/x.json"));
-        for bad in ["/etc/passwd", "../x", "a/../b", "a//b", "", "a\\b"] {
-            assert!(!inside_bundle(bad), "{bad}");
-        }
     }
 }

@@ -448,6 +448,41 @@ fn a_changed_byte_is_refused_with_exit_2_and_the_reason_logged() {
     assert!(stderr.contains("decision.json"), "{stderr}");
 }
 
+/// A symbolic link anywhere in the bundle is refused, as `bundle verify` refuses it: the link
+/// could carry a file from outside the bundle past the hashes. Here model.onnx itself is a link
+/// to a byte-identical copy outside, so every hash would still match.
+#[cfg(unix)]
+#[test]
+fn a_bundle_with_a_symbolic_link_is_refused_like_bundle_verify_refuses_it() {
+    let root = tempfile::tempdir().unwrap();
+    let bundle = root.path().join("bundle");
+    std::fs::create_dir(&bundle).unwrap();
+    for e in std::fs::read_dir(fixture().join("bundle")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bundle.join(e.file_name())).unwrap();
+    }
+    let outside = root.path().join("model-elsewhere.onnx");
+    std::fs::rename(bundle.join("model.onnx"), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, bundle.join("model.onnx")).unwrap();
+    let mut k = Keel::spawn(&bundle, &[], None);
+    assert_eq!(
+        k.handshake(),
+        json!({"ready": false, "error": "model_unavailable"})
+    );
+    let (code, stderr) = k.finish();
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("model.onnx: a symbolic link"),
+        "the reason is on stderr: {stderr}"
+    );
+    // The same folder with the link replaced by the file is served.
+    std::fs::remove_file(bundle.join("model.onnx")).unwrap();
+    std::fs::rename(&outside, bundle.join("model.onnx")).unwrap();
+    let mut k = Keel::spawn(&bundle, &[], None);
+    assert_eq!(k.handshake()["ready"], true);
+    assert_eq!(k.finish().0, 0);
+}
+
 #[test]
 fn a_killed_worker_leaves_a_readable_log_and_a_forced_point_escalates_without_threshold() {
     let requests = read_jsonl(&fixture().join("requests.jsonl"));
