@@ -164,6 +164,9 @@ def main():
     # Trainable tokens beside the adapters, on a fresh copy of tiny/ (the merge above changed
     # `tiny` in place).
     fresh = Qwen3ForCausalLM.from_pretrained(os.path.join(OUT, "tiny"), attn_implementation="eager").eval()
+    # PEFT records the base's name in adapter_config.json; the sibling folder's name, not this
+    # machine's absolute path, as users record a hub id.
+    fresh.name_or_path = "tiny"
     rows = [tok.token_to_id("cancel_order"), tok.token_to_id("B")]
     tokens_cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False,
                             trainable_token_indices=rows)
