@@ -296,28 +296,6 @@ fn worker_answers_keel(bundle: &Path) {
     assert!(status.success());
 }
 
-/// A Python that imports torch and transformers: `$DECISION_PYTHON`, else `python3`.
-fn transformers_python() -> Result<PathBuf, String> {
-    let py = std::env::var_os("DECISION_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    match Command::new(&py)
-        .args(["-c", "import torch, transformers"])
-        .output()
-    {
-        Ok(o) if o.status.success() => Ok(py),
-        Ok(o) => Err(format!(
-            "{} cannot import torch and transformers: {}",
-            py.display(),
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-        Err(e) => Err(format!("{}: {e}", py.display())),
-    }
-}
-
 /// The snapshot scored by hub id matches transformers loading the same snapshot from the same
 /// cache (scripts/check_hub_logits.py: each state's label logits within 1e-5, f32). Needs torch
 /// and transformers, which CI does not install (NOT RUN there): `make bench-out/venv-model/.ok`,
@@ -327,7 +305,7 @@ fn the_snapshot_scores_as_transformers_does() {
     let Some(tokenizer) = checkers::qwen3_tokenizer("real_vocab transformers") else {
         return;
     };
-    let py = match transformers_python() {
+    let py = match checkers::transformers_python() {
         Ok(py) => py,
         Err(why) => {
             checkers::not_run(

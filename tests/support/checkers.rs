@@ -70,3 +70,26 @@ pub fn qwen3_tokenizer(test: &str) -> Option<std::path::PathBuf> {
         None
     }
 }
+
+/// A Python that imports torch and transformers: `$DECISION_PYTHON`, else `python3`; the error
+/// says why not.
+pub fn transformers_python() -> Result<std::path::PathBuf, String> {
+    let py = std::env::var_os("DECISION_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("python3"));
+    match std::process::Command::new(&py)
+        .args(["-c", "import torch, transformers"])
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(py),
+        Ok(o) => Err(format!(
+            "{} cannot import torch and transformers: {}",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        )),
+        Err(e) => Err(format!("{}: {e}", py.display())),
+    }
+}

@@ -263,28 +263,6 @@ fn hub_ids_resolve_through_the_standard_cache_offline() {
     assert!(e.contains("not in the cache"), "{e}");
 }
 
-/// A Python that imports torch and transformers: `$DECISION_PYTHON`, else `python3`.
-fn transformers_python() -> Result<PathBuf, String> {
-    let py = std::env::var_os("DECISION_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    match std::process::Command::new(&py)
-        .args(["-c", "import torch, transformers"])
-        .output()
-    {
-        Ok(o) if o.status.success() => Ok(py),
-        Ok(o) => Err(format!(
-            "{} cannot import torch and transformers: {}",
-            py.display(),
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-        Err(e) => Err(format!("{}: {e}", py.display())),
-    }
-}
-
 /// What we save is what transformers loads: scripts/check_saved_qwen3.py opens each saved copy
 /// with `AutoModelForCausalLM.from_pretrained` (no missing or unexpected weights) and matches its
 /// logits to the fixture's expected.json within 1e-4. Needs torch + transformers, which CI does
@@ -293,7 +271,7 @@ fn transformers_python() -> Result<PathBuf, String> {
 /// decision-train --test loading`.
 #[test]
 fn transformers_loads_what_we_save() {
-    let py = match transformers_python() {
+    let py = match checkers::transformers_python() {
         Ok(py) => py,
         Err(why) => {
             checkers::not_run(

@@ -20,6 +20,29 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/worker")
 }
 
+/// A copy of the fixture bundle in `root/bundle`, to change.
+fn copy_of_fixture_bundle(root: &Path) -> PathBuf {
+    let bundle = root.join("bundle");
+    std::fs::create_dir(&bundle).unwrap();
+    for e in std::fs::read_dir(fixture().join("bundle")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bundle.join(e.file_name())).unwrap();
+    }
+    bundle
+}
+
+/// The worker on `bundle` refuses it as keel expects (the refusal handshake, exit 2); its stderr.
+fn refused(bundle: &Path, env: &[(&str, &Path)]) -> String {
+    let mut k = Keel::spawn(bundle, env, None);
+    assert_eq!(
+        k.handshake(),
+        json!({"ready": false, "error": "model_unavailable"})
+    );
+    let (code, stderr) = k.finish();
+    assert_eq!(code, 2);
+    stderr
+}
+
 fn read_jsonl(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -389,12 +412,7 @@ fn answers_like_decision_score_and_passes_every_keel_check() {
 #[test]
 fn a_changed_byte_is_refused_with_exit_2_and_the_reason_logged() {
     let root = tempfile::tempdir().unwrap();
-    let bundle = root.path().join("bundle");
-    std::fs::create_dir(&bundle).unwrap();
-    for e in std::fs::read_dir(fixture().join("bundle")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), bundle.join(e.file_name())).unwrap();
-    }
+    let bundle = copy_of_fixture_bundle(root.path());
     // Sound: ready.
     let mut k = Keel::spawn(&bundle, &[], None);
     assert_eq!(k.handshake()["ready"], true);
@@ -406,13 +424,7 @@ fn a_changed_byte_is_refused_with_exit_2_and_the_reason_logged() {
     bytes[mid] ^= 0x01;
     std::fs::write(&model, &bytes).unwrap();
     let log = root.path().join("log");
-    let mut k = Keel::spawn(&bundle, &[("DECISION_WORKER_LOG", log.as_path())], None);
-    assert_eq!(
-        k.handshake(),
-        json!({"ready": false, "error": "model_unavailable"})
-    );
-    let (code, stderr) = k.finish();
-    assert_eq!(code, 2);
+    let stderr = refused(&bundle, &[("DECISION_WORKER_LOG", log.as_path())]);
     assert!(
         stderr.contains("model.onnx: sha256"),
         "the reason is on stderr: {stderr}"
@@ -455,22 +467,11 @@ fn a_changed_byte_is_refused_with_exit_2_and_the_reason_logged() {
 #[test]
 fn a_bundle_with_a_symbolic_link_is_refused_like_bundle_verify_refuses_it() {
     let root = tempfile::tempdir().unwrap();
-    let bundle = root.path().join("bundle");
-    std::fs::create_dir(&bundle).unwrap();
-    for e in std::fs::read_dir(fixture().join("bundle")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), bundle.join(e.file_name())).unwrap();
-    }
+    let bundle = copy_of_fixture_bundle(root.path());
     let outside = root.path().join("model-elsewhere.onnx");
     std::fs::rename(bundle.join("model.onnx"), &outside).unwrap();
     std::os::unix::fs::symlink(&outside, bundle.join("model.onnx")).unwrap();
-    let mut k = Keel::spawn(&bundle, &[], None);
-    assert_eq!(
-        k.handshake(),
-        json!({"ready": false, "error": "model_unavailable"})
-    );
-    let (code, stderr) = k.finish();
-    assert_eq!(code, 2);
+    let stderr = refused(&bundle, &[]);
     assert!(
         stderr.contains("model.onnx: a symbolic link"),
         "the reason is on stderr: {stderr}"
