@@ -16,9 +16,11 @@ mod outputs;
 pub mod policy;
 mod remote;
 mod report;
+mod run;
 pub mod synth;
 pub mod thresholds;
 
-pub use cli::{FitArgs, fit, run};
+pub use cli::FitArgs;
 pub use config::FitConfig;
+pub use run::{FitOutcome, fit, run};
 pub use synth::GenReceiptsArgs;

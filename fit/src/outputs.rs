@@ -10,13 +10,22 @@
 //! the folders opening had to create.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use decision_data::Quarantine;
 use decision_data::outputs::{Slot, Staged, parent};
 
 use crate::thresholds::Thresholds;
+
+/// `<out>.quarantine.jsonl` beside the output: `thresholds.json` → `thresholds.quarantine.jsonl`.
+pub(crate) fn quarantine_path(out: &Path) -> PathBuf {
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "thresholds".into());
+    out.with_file_name(format!("{stem}.quarantine.jsonl"))
+}
 
 pub struct Outputs {
     // Field order is drop order: the quarantine's temporary files go before `staged` removes the
