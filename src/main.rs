@@ -40,9 +40,9 @@ enum Command {
     /// Score states with a decision model: probabilities per candidate, pick, confidence
     Score(decision_train::cli::ScoreArgs),
     /// Fine-tune the decision model on recorded states (full or LoRA), with checkpoints
-    Train(decision_train::trainer::TrainArgs),
+    Train(decision_train::cli::TrainArgs),
     /// Evaluate a model or run on states: metrics, flip rate, shadow receipts, baseline
-    Eval(decision_train::eval::EvalArgs),
+    Eval(decision_train::cli::EvalArgs),
     /// Export a model as the harness bundle (ONNX, PEFT adapter, manifest), parity-checked first
     Export(decision_export::cli::ExportArgs),
     /// Check an export bundle (`decision bundle verify BUNDLE`)
@@ -72,10 +72,9 @@ fn main() -> ExitCode {
         Command::Gen(Gen::States(args)) => decision_data::r#gen::cli::run(args),
         Command::Gen(Gen::Receipts(args)) => decision_fit::synth::run(args),
         Command::Fit(args) => decision_fit::run(args),
-        Command::Score(args) => decision_train::cli::run_score(args),
-        Command::Train(args) => decision_train::cli::check_train_args(&args)
-            .and_then(|()| decision_train::trainer::run(&args)),
-        Command::Eval(args) => decision_train::eval::run(&args),
+        Command::Score(args) => decision_train::run::score(args),
+        Command::Train(args) => decision_train::run::train(&args),
+        Command::Eval(args) => decision_train::run::eval(&args),
         Command::Export(args) => args.run(),
         Command::Bundle(cmd) => cmd.run(),
         Command::Sim(args) => decision_sim::cli::run(&args, sim::load),

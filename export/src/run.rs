@@ -160,7 +160,7 @@ fn check_args(opts: &ExportOptions) -> Result<()> {
 fn check_paths(opts: &ExportOptions) -> Result<()> {
     let mut io = decision_data::paths::IoCheck::new();
     if let Some(run) = &opts.run {
-        decision_train::cli::model_or_run_inputs(&mut io, "--run", run);
+        decision_train::eval::model_or_run_inputs(&mut io, "--run", run);
     }
     if let Some(m) = &opts.model
         && Path::new(m).exists()

@@ -6,10 +6,10 @@
 //! whether the rule change between v1 and v2 touches the state.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use decision_data::paths::IoCheck;
 use decision_data::{Split, SplitRatios, State};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -20,50 +20,6 @@ use crate::data_order::{mix_seed, permuted};
 use crate::decision_model::{DecisionModel, LoadOptions};
 use crate::loss::{LossWeights, state_loss};
 use crate::metrics::{Metrics, Report, ScoredState, flips, metrics, share};
-
-/// `decision eval`
-#[derive(clap::Args, Debug, Clone)]
-#[command(
-    after_help = "Examples:\n  decision eval --run runs/tiny-v1 --data demo-out/v1.parquet --split test\n  \
-decision eval --run runs/tiny-v2 --data v2.parquet --split test --baseline runs/tiny-v1 --permutations 2\n  \
-decision eval --model Qwen/Qwen3-0.6B --data states.jsonl --receipts receipts.jsonl"
-)]
-pub struct EvalArgs {
-    /// A run folder of ours (its final/ model; its validation states when --data is absent).
-    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
-    pub run: Option<PathBuf>,
-    /// A model folder or Hub id (`owner/name[@revision]`).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// States to evaluate (Parquet/JSON Lines file or folder); required with --model.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// Which split of --data to evaluate: all, train, valid or test.
-    #[arg(long, default_value = "all")]
-    pub split: String,
-    /// Write one shadow receipt per state here (contracts section 3), for `decision fit`.
-    #[arg(long)]
-    pub receipts: Option<PathBuf>,
-    /// Evaluate this run folder or model on the same states and show both side by side.
-    #[arg(long)]
-    pub baseline: Option<String>,
-    /// Extra random candidate orders per state for the flip rate (0 = skip).
-    #[arg(long, default_value_t = 0)]
-    pub permutations: usize,
-    /// Seed of the candidate orders for the flip rate.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    #[arg(long, default_value_t = 32)]
-    pub batch_size: usize,
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    pub backend: Backend,
-    /// Write the metrics as JSON here.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
-    /// Name for the receipts' `model` field (default: the run's name, or the model source).
-    #[arg(long)]
-    pub name: Option<String>,
-}
 
 /// The JSON `--report` writes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,6 +39,25 @@ pub struct Loaded {
     pub name: String,
     /// For runs: the run config.
     pub run: Option<crate::run_config::RunConfig>,
+}
+
+/// What reading `src` (a run folder of ours, a model folder, or a Hub id) reads, as inputs of
+/// `io` given as `flag`: for a run folder its `run.toml`, its `final/` model and the states its
+/// config names (not the whole folder: receipts or a bundle may be written beside them); for a
+/// model folder the folder. A Hub id reads nothing local.
+pub fn model_or_run_inputs(io: &mut IoCheck, flag: &str, src: &Path) {
+    let run_toml = src.join("run.toml");
+    if run_toml.is_file() {
+        io.input(flag, &run_toml).input(flag, src.join("final"));
+        if let Ok(cfg) = crate::run_config::RunConfig::load(&run_toml, &[]) {
+            io.input(&format!("{flag}'s data.train"), &cfg.data.train);
+            if let Some(v) = &cfg.data.valid {
+                io.input(&format!("{flag}'s data.valid"), v);
+            }
+        }
+    } else if src.exists() {
+        io.input(flag, src);
+    }
 }
 
 /// Load `src`: a run folder of ours (has `run.toml` and `final/`) or a model folder / Hub id.
@@ -367,140 +342,4 @@ pub fn comparison(new: &Report, base: &Report) -> String {
         s += &format!("flip rate  new {a:.4}  base {b:.4}  Δ {:+.4}\n", a - b);
     }
     s
-}
-
-pub fn run(args: &EvalArgs) -> Result<std::process::ExitCode> {
-    let (flag, src) = match (&args.run, &args.model) {
-        (Some(r), _) => ("--run", r.to_string_lossy().into_owned()),
-        (None, Some(m)) => ("--model", m.clone()),
-        (None, None) => bail!("give --run RUN_DIR or --model SRC"),
-    };
-    // Nothing written may land on what is read (the states above all).
-    let mut io = decision_data::paths::IoCheck::new();
-    crate::cli::model_or_run_inputs(&mut io, flag, Path::new(&src));
-    if let Some(b) = &args.baseline {
-        crate::cli::model_or_run_inputs(&mut io, "--baseline", Path::new(b));
-    }
-    if let Some(d) = &args.data {
-        io.input("--data", d);
-    }
-    if let Some(r) = &args.receipts {
-        io.output_file("--receipts", r);
-    }
-    if let Some(r) = &args.report {
-        io.output_file("--report", r);
-    }
-    io.check()?;
-    if let Some(r) = &args.receipts
-        && matches!(
-            decision_data::Format::from_path(r),
-            Ok(decision_data::Format::Parquet)
-        )
-    {
-        bail!(
-            "--receipts {}: eval writes shadow receipts as JSON Lines; name the file .jsonl \
-             (decision fit reads both formats)",
-            r.display()
-        );
-    }
-    // Every output is opened now, so one that cannot be written stops eval before the model is
-    // loaded; nothing lands unless the whole evaluation succeeds.
-    let mut staged = decision_data::outputs::Staged::new();
-    let receipts_file = match &args.receipts {
-        Some(r) => Some(staged.file("--receipts", r)?),
-        None => None,
-    };
-    let report_file = match &args.report {
-        Some(r) => Some(staged.file("--report", r)?),
-        None => None,
-    };
-    let loaded = load_model_or_run(flag, &src, args.backend)?;
-    let (states, data_name) = match (&args.data, &loaded.run) {
-        (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
-        (None, Some(cfg)) => {
-            let (_, valid) = crate::data_order::load_run_states(cfg, Path::new(&src))?;
-            (valid, "the run's validation states".to_string())
-        }
-        (None, None) => bail!("{flag} {src} is not a run folder (no run.toml): give --data STATES"),
-    };
-    if states.is_empty() {
-        bail!(
-            "no states to evaluate in {data_name} (split {})",
-            args.split
-        );
-    }
-    let show = std::io::stderr().is_terminal();
-    if show {
-        eprintln!(
-            "evaluating {} on {} states of {data_name}",
-            loaded.name,
-            states.len()
-        );
-    }
-    let (report, scored) = evaluate(
-        &loaded.dm,
-        &states,
-        args.permutations,
-        args.seed,
-        args.batch_size,
-    )?;
-    let name = args.name.clone().unwrap_or_else(|| loaded.name.clone());
-    let mut out = EvalReport {
-        schema: "decision-eval/1".into(),
-        model: name.clone(),
-        data: data_name.clone(),
-        split: args.split.clone(),
-        report: report.clone(),
-        baseline: None,
-    };
-    println!("{name} on {data_name} (split {}):", args.split);
-    print!("{}", table(&report));
-    if let Some(b) = &args.baseline {
-        let base = load_model_or_run("--baseline", b, args.backend)?;
-        let (base_report, _) = evaluate(
-            &base.dm,
-            &states,
-            args.permutations,
-            args.seed,
-            args.batch_size,
-        )?;
-        println!("\n{name} against baseline {}:", base.name);
-        print!("{}", comparison(&report, &base_report));
-        out.baseline = Some(Box::new(EvalReport {
-            schema: "decision-eval/1".into(),
-            model: base.name,
-            data: data_name.clone(),
-            split: args.split.clone(),
-            report: base_report,
-            baseline: None,
-        }));
-    }
-    let mut wrote = None;
-    if let (Some(path), Some(slot)) = (&args.receipts, receipts_file) {
-        let at = crate::receipts::now_rfc3339();
-        let receipts: Vec<_> = states
-            .iter()
-            .zip(&scored)
-            .map(|(st, sc)| {
-                crate::receipts::shadow_receipt(
-                    st,
-                    &sc.probs(loaded.dm.temperature(&st.point) as f32),
-                    &name,
-                    &at,
-                )
-            })
-            .collect();
-        crate::receipts::write_receipts_to(staged.get(slot), &receipts)?;
-        wrote = Some((receipts.len(), path));
-    }
-    if let Some(slot) = report_file {
-        let mut json = serde_json::to_vec_pretty(&out)?;
-        json.push(b'\n');
-        std::io::Write::write_all(staged.get(slot), &json)?;
-    }
-    staged.publish()?;
-    if let Some((n, path)) = wrote {
-        println!("wrote {n} shadow receipts to {}", path.display());
-    }
-    Ok(std::process::ExitCode::SUCCESS)
 }

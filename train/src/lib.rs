@@ -11,6 +11,7 @@ mod decision_model;
 pub mod hub;
 pub mod model;
 pub mod random_checkpoint;
+pub mod run;
 pub mod score;
 pub mod weights;
 

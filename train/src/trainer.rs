@@ -44,7 +44,7 @@
 //! [`crate::data_order`]; one micro-batch's forward and backward passes are `micro_batch.rs`.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -70,112 +70,6 @@ use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm
 use crate::peft::PeftAdapter;
 use crate::run_config::{Init, Mode, RunConfig};
 use crate::spec::{DecisionSpec, PromptTemplate};
-
-/// `decision train`
-#[derive(clap::Args, Debug, Clone)]
-#[command(
-    after_help = "Example:\n  decision train --config configs/tiny.toml --out runs/tiny-v1\n  \
-decision train --config configs/tiny.toml --set train.max_steps=50 --set optim.lr=3e-4\n  \
-decision train --config configs/tiny.toml --out runs/tiny-v1 --resume"
-)]
-pub struct TrainArgs {
-    /// The run config (TOML); see configs/tiny.toml for every key.
-    #[arg(long)]
-    pub config: PathBuf,
-    /// Override a config key, e.g. `--set train.max_steps=200` (repeatable; unknown keys are errors).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    pub set: Vec<String>,
-    /// Continue the run in the run folder from its newest intact checkpoint (its files match the
-    /// hashes recorded when it was written; a damaged one is passed over with a warning).
-    #[arg(long)]
-    pub resume: bool,
-    /// Run folder (default: runs/<name>).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Print the run's memory plan (weights, trainable state, activations per micro-batch with
-    /// and without `[train] recompute`, against the device's memory) and exit without training.
-    /// Every run checks the same plan first and refuses one that does not fit;
-    /// DECISION_DEVICE_MEMORY=GiB sets the budget where the device's memory cannot be read.
-    /// `[train] dtype = "auto"` is planned as the dtype the device will run.
-    #[arg(long)]
-    pub plan: bool,
-    /// Shorthand for `--set train.backend=...`: `cpu` (Burn flex) or `wgpu` (the GPU: Metal's MSL
-    /// on macOS, Vulkan's SPIR-V elsewhere). A wgpu run first names the adapter, the compiler,
-    /// the dtypes the device computes and its memory.
-    #[arg(long, value_enum)]
-    pub backend: Option<crate::Backend>,
-}
-
-pub fn run(args: &TrainArgs) -> Result<std::process::ExitCode> {
-    let mut sets = args.set.clone();
-    if let Some(b) = args.backend {
-        sets.push(format!("train.backend={b}"));
-    }
-    let cfg = RunConfig::load(&args.config, &sets)?;
-    if args.plan {
-        // The dtype the device will run, then the plan for it.
-        let gpu = crate::backend::device(cfg.train.backend)?;
-        let given = cfg.train.dtype;
-        let cfg = crate::plan::resolve_dtype(&cfg, &gpu)?;
-        if given != cfg.train.dtype {
-            println!(
-                "dtype: {given} -> {} (this device computes {})",
-                cfg.train.dtype,
-                crate::Precision::names(&crate::backend::supported_precisions(&gpu))
-            );
-        }
-        let arch = crate::plan::architecture(&cfg)?;
-        if let Some(source) = crate::plan::describe_source(&cfg, &arch)? {
-            print!("{source}");
-        }
-        let plan = crate::plan::plan(&cfg, &arch);
-        let device = crate::plan::device_limit(cfg.train.backend, &gpu)?;
-        print!("{}", plan.render(&cfg, device.as_ref()));
-        if let Some(dev) = &device {
-            if let Err(e) = plan.check(&cfg, &arch, dev) {
-                println!("  does not fit: {e:#}");
-                return Ok(std::process::ExitCode::from(1));
-            }
-            println!("  fits");
-        }
-        return Ok(std::process::ExitCode::SUCCESS);
-    }
-    let run_dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
-    let opts = TrainOptions {
-        resume: args.resume,
-        progress: std::io::stderr().is_terminal(),
-        stop_after: None,
-    };
-    let s = train(&cfg, &run_dir, &opts)?;
-    println!("run folder      {}", run_dir.display());
-    println!(
-        "steps           {} ({:.0} tokens/s, {:.1} s)",
-        s.steps, s.tokens_per_s, s.wall_s
-    );
-    println!(
-        "valid           n = {}  accuracy {:.4}  nll {:.4}  brier {:.4}",
-        s.valid_after.n, s.valid_after.accuracy, s.valid_after.nll, s.valid_after.brier
-    );
-    println!(
-        "ECE             {:.4} at T = 1 -> {:.4} at the fitted temperatures",
-        s.valid_before.ece, s.valid_after.ece
-    );
-    if let Some(f) = s.flip_rate {
-        println!(
-            "flip rate       {:.4} ({} extra candidate orders)",
-            f, cfg.eval.permutations
-        );
-    }
-    println!(
-        "temperatures    global {:.3} {:?}",
-        s.temperatures.global, s.temperatures.points
-    );
-    println!("model           {}", run_dir.join("final").display());
-    Ok(std::process::ExitCode::SUCCESS)
-}
 
 /// How to run [`train`].
 #[derive(Debug, Clone, Default)]

@@ -257,7 +257,7 @@ fn score_command_writes_one_line_per_state() {
         dtype: decision_train::Precision::F32,
         emit_tokens: true,
     };
-    decision_train::cli::run_score(args).unwrap();
+    decision_train::run::score(args).unwrap();
     let m = load("tied");
     let want = m.score(&states(), 1).unwrap();
     let text = std::fs::read_to_string(&out).unwrap();
