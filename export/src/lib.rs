@@ -7,6 +7,7 @@ pub mod cli;
 /// The one Qwen3 `config.json` reader, shared with training.
 pub use decision_train::Qwen3Config;
 pub mod coreml;
+mod format;
 pub mod graph;
 pub mod lora;
 pub mod onnx;

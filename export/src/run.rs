@@ -8,16 +8,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use serde_json::json;
 
-use crate::bundle::{
-    self, AdapterFacts, FileEntry, Formats, Manifest, ModelFacts, OnnxFacts, Staging,
-};
-use crate::coreml::{self, CoremlOptions, check as coreml_check};
-use crate::graph::{DType, Graph, GraphOptions, build_qwen3};
+use crate::bundle::{self, AdapterFacts, FileEntry, Formats, Manifest, ModelFacts, Staging};
+use crate::coreml::{self, CoremlOptions};
+use crate::format::Reference;
+use crate::graph::{DType, GraphOptions, build_qwen3};
 use crate::onnx::{self, OnnxOptions};
-use crate::parity::{self, Recorded, TractModel};
-use crate::samples;
+use crate::parity::Recorded;
 use crate::source::{BurnScorer, Origin, Source};
 use crate::verify;
 
@@ -179,24 +176,6 @@ fn check_paths(opts: &ExportOptions) -> Result<()> {
     io.output_folder("--out", &opts.out).check()
 }
 
-/// What every model file is checked against: the training-side answers on the sample states.
-struct Reference<'a> {
-    recorded: &'a Recorded,
-    batches: &'a [parity::Batch],
-    /// Where the sample states came from (for the summary and `verified_with`).
-    samples_from: &'a str,
-    temperature: f64,
-    pad_id: u32,
-}
-
-/// One format's part of the export: its summary lines, its `verified_with` entries and the facts
-/// manifest.json records about it.
-struct Written<F> {
-    lines: Vec<String>,
-    checks: Vec<serde_json::Value>,
-    facts: F,
-}
-
 /// The export proper, into `staging` (removed again if anything fails).
 fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result<Vec<String>> {
     let origin = origin(opts)?;
@@ -238,9 +217,9 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
         },
         &batches,
     )?;
-    // The probe states bundle verify runs model.onnx on again (samples::PROBES_FILE).
+    // The probe states bundle verify runs model.onnx on again (onnx::probes).
     let probes = if has(Format::Onnx) {
-        Some(samples::record_probes(
+        Some(onnx::probes::record(
             &source.model,
             &source.reference,
             temperature,
@@ -289,54 +268,62 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
             .with_context(|| format!("copying {}", t.display()))?;
     }
 
+    // Each format writes its files and passes its own gate; one arm per format.
     let mut lines = Vec::new();
     let mut verified = Vec::new();
     let mut formats = Formats::default();
-    if has(Format::Onnx) {
-        let onnx_opts = OnnxOptions {
-            opset: opts.opset,
-            external_data: opts.external_data,
-        };
-        let probes = probes.as_ref().context("probe states for model.onnx")?;
-        let w = export_onnx(
-            &graph,
-            onnx_opts,
-            dtype,
-            &dir,
-            &reference,
-            probes,
-            spec.max_options,
-        )?;
-        lines.extend(w.lines);
-        verified.extend(w.checks);
-        formats.onnx = Some(w.facts);
-    }
-    if has(Format::Coreml) {
-        let g = if coreml_dtype == dtype {
-            graph.clone()
-        } else {
-            graph_of(coreml_dtype)?
-        };
-        let coreml_opts = CoremlOptions {
-            max_seq: spec.max_tokens.max(1),
-            max_options: spec.max_options.max(1),
-        };
-        let w = export_coreml(&g, coreml_opts, &dir, &reference)?;
-        lines.extend(w.lines);
-        verified.extend(w.checks);
-        formats.coreml = Some(w.facts);
-    }
-    if let Some(adapter) = &adapter
-        && has(Format::Peft)
-    {
-        adapter.write_peft(&dir.join(bundle::ADAPTER_DIR))?;
-        formats.peft = Some(bundle::ADAPTER_DIR.into());
-        lines.push(format!(
-            "adapter   adapter/: PEFT LoRA r {} alpha {} on {} modules",
-            adapter.r,
-            adapter.alpha,
-            adapter.modules.len()
-        ));
+    for format in [Format::Onnx, Format::Coreml, Format::Peft] {
+        if !has(format) {
+            continue;
+        }
+        match format {
+            Format::Onnx => {
+                let onnx_opts = OnnxOptions {
+                    opset: opts.opset,
+                    external_data: opts.external_data,
+                };
+                let probes = probes.as_ref().context("probe states for model.onnx")?;
+                let w = onnx::export::export(
+                    &graph,
+                    onnx_opts,
+                    &dir,
+                    &reference,
+                    probes,
+                    spec.max_options,
+                )?;
+                lines.extend(w.lines);
+                verified.extend(w.checks);
+                formats.onnx = Some(w.facts);
+            }
+            Format::Coreml => {
+                let g = if coreml_dtype == dtype {
+                    graph.clone()
+                } else {
+                    graph_of(coreml_dtype)?
+                };
+                let coreml_opts = CoremlOptions {
+                    max_seq: spec.max_tokens.max(1),
+                    max_options: spec.max_options.max(1),
+                };
+                let w = coreml::export::export(&g, coreml_opts, &dir, &reference)?;
+                lines.extend(w.lines);
+                verified.extend(w.checks);
+                formats.coreml = Some(w.facts);
+            }
+            Format::Peft => {
+                let adapter = adapter
+                    .as_ref()
+                    .context("--formats peft needs a LoRA model")?;
+                adapter.write_peft(&dir.join(bundle::ADAPTER_DIR))?;
+                formats.peft = Some(bundle::ADAPTER_DIR.into());
+                lines.push(format!(
+                    "adapter   adapter/: PEFT LoRA r {} alpha {} on {} modules",
+                    adapter.r,
+                    adapter.alpha,
+                    adapter.modules.len()
+                ));
+            }
+        }
     }
 
     // keel accepts a model folder only when it holds coreml_config.json.
@@ -398,196 +385,4 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
         count
     ));
     Ok(lines)
-}
-
-/// Write `model.onnx` (and `model.onnx.data`) into `dir` and run the parity gate on it in tract;
-/// a failed gate is an error (nothing is published).
-fn export_onnx(
-    graph: &Graph,
-    opts: OnnxOptions,
-    dtype: DType,
-    dir: &Path,
-    reference: &Reference,
-    probes: &samples::ProbeFile,
-    max_options: usize,
-) -> Result<Written<OnnxFacts>> {
-    let opset = opts.opset;
-    let files = onnx::write_onnx(graph, opts, dir)?;
-    let candidate = TractModel::load(&files.model)?;
-    let report = parity::compare(
-        onnx::MODEL_FILE,
-        &candidate,
-        reference.recorded,
-        reference.batches,
-        dtype,
-    )?;
-    report.ensure()?;
-    // What bundle verify will run again: written, and run here first.
-    decision_data::atomic::write_json_atomic(dir.join(samples::PROBES_FILE), probes)?;
-    let (probed, probe_dp) = verify::check_probes(dir, &candidate, dtype, max_options)?;
-    let lines = vec![
-        format!(
-            "model     model.onnx: opset {}, {} weights{}",
-            opset,
-            dtype.name(),
-            if files.data.is_some() {
-                ", external data in model.onnx.data"
-            } else {
-                ""
-            }
-        ),
-        format!(
-            "parity    {} vs {}: {} samples from {}, max |Δp| {:.2e} (tolerance {:.0e}), picks agree{}",
-            report.runtime,
-            report.reference,
-            report.samples,
-            reference.samples_from,
-            report.max_abs_dp,
-            report.tolerance,
-            if report.near_ties > 0 {
-                format!(" ({} near-ties)", report.near_ties)
-            } else {
-                String::new()
-            }
-        ),
-        format!(
-            "probes    {}: {probed} probe states (2 to {max_options} options) for bundle verify, \
-             max |Δp| {probe_dp:.2e}",
-            samples::PROBES_FILE
-        ),
-    ];
-    let mut entry = serde_json::to_value(&report)?;
-    entry["check"] = json!("parity");
-    entry["samples_from"] = json!(reference.samples_from);
-    Ok(Written {
-        lines,
-        checks: vec![entry],
-        facts: OnnxFacts {
-            file: onnx::MODEL_FILE.into(),
-            external_data: files.data.as_ref().map(|_| onnx::DATA_FILE.to_string()),
-            opset,
-        },
-    })
-}
-
-/// Write `model.mlpackage` into `dir` and check it: its structure in Rust always, then the
-/// coremltools check (`scripts/check_coreml.py`: load, rebuild, evaluate, parity with the
-/// reference) when a Python with coremltools is there. A failed check is an error (nothing is
-/// published); a check that could not run is recorded as such in `verified_with`.
-fn export_coreml(
-    graph: &Graph,
-    opts: CoremlOptions,
-    dir: &Path,
-    reference: &Reference,
-) -> Result<Written<coreml::CoremlFacts>> {
-    use parity::Scorer;
-    let dtype = graph.facts().dtype;
-    let files = coreml::write_coreml(graph, opts, dir)?;
-    let facts = files.facts.clone();
-    let mut lines = vec![format!(
-        "model     {}: Core ML ML Program (specificationVersion {}, {}, {}+), {} weights, seq 1..={}, \
-         options 1..={}",
-        facts.file,
-        facts.specification_version,
-        facts.opset,
-        facts.minimum_deployment,
-        facts.dtype,
-        facts.max_seq,
-        facts.max_options
-    )];
-    let summary = coreml::verify_package(&files.package)
-        .with_context(|| format!("checking the {} just written", facts.file))?;
-    let mut checks = vec![json!({
-        "check": "structure",
-        "file": facts.file,
-        "runtime": format!("decision-export {} (Rust)", env!("CARGO_PKG_VERSION")),
-        "what": "Manifest.json, specificationVersion, ML Program version, function, opset, and every \
-                 blobFileValue's weight.bin record (sentinel, dtype, size, alignment, blob count)",
-        "operations": summary.operations,
-        "weight_blobs": summary.weight_blobs,
-        "weight_bytes": summary.weight_bytes,
-        "passed": true,
-    })];
-    match coreml_check::find_python() {
-        coreml_check::Python::Ready {
-            interpreter,
-            versions,
-        } => {
-            let samples = coreml_check::samples_from(
-                reference.recorded,
-                reference.batches,
-                reference.temperature,
-            )?;
-            let tolerance = parity::tolerance(dtype);
-            let report = coreml_check::run_check(
-                &interpreter,
-                &files.package,
-                &samples,
-                coreml_check::CheckArgs {
-                    tolerance: Some(tolerance),
-                    pad_id: reference.pad_id,
-                    budget: coreml_check::EXPORT_BUDGET,
-                    products: coreml_check::Products::Auto,
-                },
-            )?;
-            report.ensure()?;
-            let dp = report.max_abs_dp.unwrap_or(f64::NAN);
-            let what = report.describe_values();
-            lines.push(format!(
-                "parity    {} vs {}: {what} (samples from {}), max |Δp| {:.2e} (tolerance {:.0e}), \
-                 picks agree",
-                report.runtime,
-                reference.recorded.describe(),
-                reference.samples_from,
-                dp,
-                tolerance
-            ));
-            checks.push(json!({
-                "check": "parity",
-                "file": facts.file,
-                "runtime": report.runtime,
-                "python": format!("{} ({versions})", interpreter.display()),
-                "reference": reference.recorded.describe(),
-                "dtype": dtype.name(),
-                "samples": report.samples,
-                "samples_from": reference.samples_from,
-                "what": what,
-                "states_given": report.states_given,
-                "states_checked": report.states_checked,
-                "padded": report.padded,
-                "tokens": report.tokens,
-                "budget": report.budget,
-                "budget_limited": report.budget_limited,
-                "max_abs_dp": report.max_abs_dp,
-                "max_abs_dlogit": report.max_abs_dlogit,
-                "tolerance": tolerance,
-                "pick_mismatches": report.pick_mismatches,
-                "near_ties": report.near_ties,
-                "steps": report.steps,
-                "numpy_fallbacks": report.numpy_fallbacks,
-                "f32_products": report.f32_products,
-                "passed": true,
-            }));
-        }
-        coreml_check::Python::Missing { reason } => {
-            lines.push(format!(
-                "parity    {}: NOT RUN: {reason}. Only its structure was checked; \
-                 manifest.json's verified_with records this",
-                facts.file
-            ));
-            checks.push(json!({
-                "check": "parity",
-                "file": facts.file,
-                "runtime": "coremltools",
-                "ran": false,
-                "passed": false,
-                "reason": reason,
-            }));
-        }
-    }
-    Ok(Written {
-        lines,
-        checks,
-        facts,
-    })
 }

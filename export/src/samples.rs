@@ -1,18 +1,12 @@
 //! The sample states the parity gate runs: `--check-data`, else the run's validation states,
 //! else a fixed set of probe states built here (so an export is never published unchecked).
-//! The probe states also go into every ONNX bundle, with the reference's answers (`probes.json`),
-//! so `bundle verify` can run the bundle's model on them again.
+//! The probe states also go into every ONNX bundle, with the reference's answers
+//! ([`crate::onnx::probes`]), so `bundle verify` can run the bundle's model on them again.
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use decision_data::{Candidate, State, ValidateOptions};
-use decision_train::DecisionModel;
-use serde::{Deserialize, Serialize};
-
-use crate::coreml::check::{CheckSample, samples_from};
-use crate::parity::Batch;
-use crate::source::BurnScorer;
 
 /// At most `limit` states, spread over the file(s) rather than only the first rows: every
 /// `len / limit`-th state.
@@ -113,72 +107,6 @@ pub fn probes(points: &[String], max_options: usize) -> Vec<State> {
         }
     }
     out
-}
-
-/// The bundle file holding the probe states, as tokens, with the export's reference answers:
-/// `bundle verify` runs them through the bundle's model again (see [`crate::verify`]).
-pub const PROBES_FILE: &str = "probes.json";
-pub const PROBES_SCHEMA: &str = "decision-probes/1";
-
-/// `probes.json`: one batch-1 sample per probe state ([`probes`]), named by the state's id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProbeFile {
-    pub schema: String,
-    /// What computed the recorded answers (the export's reference forward pass).
-    pub reference: String,
-    pub probes: Vec<CheckSample>,
-}
-
-/// Score the probe states of `model` (its points, up to its `max_options`) with the reference
-/// forward pass at `temperature`.
-pub fn record_probes(
-    model: &DecisionModel,
-    reference: &str,
-    temperature: f64,
-) -> Result<ProbeFile> {
-    let states = probes(&model.spec.points, model.spec.max_options);
-    let mut batches = Vec::new();
-    let mut ids = Vec::new();
-    for k in option_counts(model.spec.max_options) {
-        let group: Vec<&State> = states.iter().filter(|s| s.candidates.len() == k).collect();
-        for chunk in group.chunks(8) {
-            let rows = chunk
-                .iter()
-                .map(|s| {
-                    model
-                        .encode(s)
-                        .with_context(|| format!("encoding probe state {:?}", s.id))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let refs: Vec<(&[u32], &[u32])> = rows
-                .iter()
-                .map(|e| (e.input_ids.as_slice(), e.option_token_ids.as_slice()))
-                .collect();
-            batches.push(Batch::left_padded(&refs, model.pad_id)?);
-            ids.extend(chunk.iter().map(|s| s.id.clone()));
-        }
-    }
-    let scorer = BurnScorer {
-        model,
-        temperature,
-        label: reference.to_string(),
-    };
-    let mut samples = samples_from(&scorer, &batches, temperature)?;
-    if samples.len() != ids.len() {
-        bail!(
-            "the reference scored {} probe states, {} were asked",
-            samples.len(),
-            ids.len()
-        );
-    }
-    for (s, id) in samples.iter_mut().zip(ids) {
-        s.id = id;
-    }
-    Ok(ProbeFile {
-        schema: PROBES_SCHEMA.into(),
-        reference: reference.to_string(),
-        probes: samples,
-    })
 }
 
 #[cfg(test)]

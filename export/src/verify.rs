@@ -28,10 +28,7 @@ use serde_json::Value;
 
 use crate::Qwen3Config;
 use crate::bundle::{self, Manifest};
-use crate::graph::DType;
-use crate::onnx;
-use crate::parity::{self, Batch, Scorer, Scores, TractModel};
-use crate::samples::{self, ProbeFile};
+use crate::{coreml, onnx};
 
 /// The outcome: files checked and problems found (empty = the bundle is sound).
 #[derive(Debug, Default)]
@@ -105,12 +102,12 @@ pub fn verify(dir: &Path) -> Verdict {
         v.problems.push(format!("{peft}/: {e:#}"));
     }
     if let Some(o) = &manifest.formats.onnx
-        && let Err(e) = check_onnx(dir, o, &manifest)
+        && let Err(e) = onnx::verify::check(dir, o, &manifest)
     {
         v.problems.push(format!("{}: {e:#}", o.file));
     }
     if let Some(c) = &manifest.formats.coreml
-        && let Err(e) = check_coreml(dir, c)
+        && let Err(e) = coreml::verify::check(dir, c)
     {
         v.problems.push(format!("{}: {e:#}", c.file));
     }
@@ -119,9 +116,10 @@ pub fn verify(dir: &Path) -> Verdict {
     // part): the model on the probe states again.
     if v.problems.is_empty()
         && let Some(o) = &manifest.formats.onnx
-        && let Err(e) = rerun_probes(dir, o, &manifest)
+        && let Err(e) = onnx::verify::rerun_probes(dir, o, &manifest)
     {
-        v.problems.push(format!("{}: {e:#}", samples::PROBES_FILE));
+        v.problems
+            .push(format!("{}: {e:#}", onnx::probes::PROBES_FILE));
     }
     v
 }
@@ -155,238 +153,6 @@ fn check_decision(dir: &Path, v: &mut Verdict) {
 /// `thresholds.json` against contracts section 4 (its one reader, `decision_data::contract`).
 pub fn check_thresholds(path: &Path) -> Result<()> {
     decision_data::contract::thresholds::ThresholdsFile::read(path).map(|_| ())
-}
-
-fn check_onnx(dir: &Path, o: &bundle::OnnxFacts, m: &Manifest) -> Result<()> {
-    let model = onnx::read_model(&dir.join(&o.file))?;
-    let opset = onnx::model_opset(&model);
-    if opset != Some(o.opset) {
-        anyhow::bail!("imports opset {opset:?}, the manifest says {}", o.opset);
-    }
-    let graph = model.graph.context("no graph")?;
-    let signature = |vi: &onnx::pb::ValueInfoProto| -> (String, i32, usize) {
-        match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            Some(onnx::pb::type_proto::Value::TensorType(t)) => (
-                vi.name.clone(),
-                t.elem_type,
-                t.shape.as_ref().map_or(0, |s| s.dim.len()),
-            ),
-            None => (vi.name.clone(), 0, 0),
-        }
-    };
-    let (i64_t, f32_t) = (
-        onnx::pb::tensor_proto::DataType::Int64 as i32,
-        onnx::pb::tensor_proto::DataType::Float as i32,
-    );
-    let want_in = [
-        ("input_ids", i64_t),
-        ("attention_mask", i64_t),
-        ("option_token_ids", i64_t),
-    ];
-    let want_out = [("option_logits", f32_t), ("option_probs", f32_t)];
-    let got_in: Vec<_> = graph.input.iter().map(signature).collect();
-    let got_out: Vec<_> = graph.output.iter().map(signature).collect();
-    let want = |w: &[(&str, i32)]| -> Vec<(String, i32, usize)> {
-        w.iter().map(|(n, t)| (n.to_string(), *t, 2)).collect()
-    };
-    if got_in != want(&want_in) || got_out != want(&want_out) {
-        anyhow::bail!(
-            "interface {got_in:?} -> {got_out:?} is not the contract's (input_ids, attention_mask, option_token_ids: int64 \
-             [batch, seq|options] -> option_logits, option_probs: float [batch, options])"
-        );
-    }
-    let mut parameters = 0u64;
-    for t in &graph.initializer {
-        if !t.name.starts_with("const/") {
-            parameters += t.dims.iter().product::<i64>().max(0) as u64;
-        }
-        if t.data_location == onnx::pb::tensor_proto::DataLocation::External as i32 {
-            let get = |k: &str| {
-                t.external_data
-                    .iter()
-                    .find(|e| e.key == k)
-                    .map(|e| e.value.as_str())
-            };
-            let location = get("location")
-                .with_context(|| format!("tensor {} has no external location", t.name))?;
-            if o.external_data.as_deref() != Some(location) {
-                anyhow::bail!(
-                    "tensor {} lives in {location:?}, not the manifest's external data file",
-                    t.name
-                );
-            }
-            let size = std::fs::metadata(dir.join(location))
-                .with_context(|| format!("{location} is missing"))?
-                .len();
-            let offset: u64 = get("offset")
-                .unwrap_or("0")
-                .parse()
-                .context("external offset")?;
-            let length: u64 = get("length")
-                .context("external length")?
-                .parse()
-                .context("external length")?;
-            if offset + length > size {
-                anyhow::bail!(
-                    "tensor {} reads {location} up to byte {}, the file has {size}",
-                    t.name,
-                    offset + length
-                );
-            }
-        }
-    }
-    if parameters != m.model.parameters {
-        anyhow::bail!(
-            "holds {parameters} weight parameters, the manifest says {}",
-            m.model.parameters
-        );
-    }
-    Ok(())
-}
-
-/// Run `model.onnx` on the bundle's probe states with tract and hold it to their recorded answers.
-fn rerun_probes(dir: &Path, o: &bundle::OnnxFacts, m: &Manifest) -> Result<()> {
-    if !m.files.iter().any(|f| f.path == samples::PROBES_FILE) {
-        anyhow::bail!(
-            "missing: a bundle with {} must hold the probe states its export recorded, to run \
-             the model on again",
-            o.file
-        );
-    }
-    let dtype = match m.model.dtype.as_str() {
-        "f32" => DType::F32,
-        "f16" => DType::F16,
-        other => anyhow::bail!("manifest.json: model.dtype {other:?} is not f32 or f16"),
-    };
-    let spec = decision_train::DecisionSpec::from_file(&dir.join(bundle::DECISION))
-        .with_context(|| format!("reading {}", bundle::DECISION))?;
-    let model = TractModel::load(&dir.join(&o.file))?;
-    check_probes(dir, &model, dtype, spec.max_options).map(|_| ())
-}
-
-/// A probe's recorded answer, replayed.
-struct Recorded<'a>(&'a crate::coreml::check::CheckSample);
-
-impl Scorer for Recorded<'_> {
-    fn describe(&self) -> String {
-        "the answers recorded in probes.json".into()
-    }
-    fn score(&self, _: &Batch) -> Result<Scores> {
-        Ok(Scores {
-            logits: vec![self.0.option_logits.clone()],
-            probs: vec![self.0.probs.clone()],
-        })
-    }
-}
-
-/// Read `probes.json` in `dir` and run `model` on each probe (batch 1, unpadded), with the parity
-/// gate's rule for `dtype` ([`parity::compare`]); an error names every probe that misses, or a
-/// set of probes narrower than `max_options`. Returns how many probes ran and the largest gap.
-pub fn check_probes(
-    dir: &Path,
-    model: &dyn Scorer,
-    dtype: DType,
-    max_options: usize,
-) -> Result<(usize, f32)> {
-    let path = dir.join(samples::PROBES_FILE);
-    let file: ProbeFile = serde_json::from_value(read_json(&path)?)
-        .with_context(|| format!("{}: not a probe file", path.display()))?;
-    if file.schema != samples::PROBES_SCHEMA {
-        anyhow::bail!(
-            "schema is {:?}, this build reads {:?}",
-            file.schema,
-            samples::PROBES_SCHEMA
-        );
-    }
-    let widest = file
-        .probes
-        .iter()
-        .map(|p| p.option_token_ids.len())
-        .max()
-        .unwrap_or(0);
-    if widest < max_options {
-        anyhow::bail!(
-            "the widest probe has {widest} options; decision.json's max_options is {max_options}"
-        );
-    }
-    let mut failed = Vec::new();
-    let mut max_dp = 0f32;
-    for p in &file.probes {
-        let options = p.option_token_ids.len();
-        if p.input_ids.len() != p.attention_mask.len() || p.probs.len() != options {
-            anyhow::bail!(
-                "probe {}: {} input ids, {} mask values, {} recorded probabilities for {options} \
-                 options",
-                p.id,
-                p.input_ids.len(),
-                p.attention_mask.len(),
-                p.probs.len()
-            );
-        }
-        let batch = Batch {
-            batch: 1,
-            seq: p.input_ids.len(),
-            options,
-            input_ids: p.input_ids.clone(),
-            attention_mask: p.attention_mask.clone(),
-            option_token_ids: p.option_token_ids.clone(),
-        };
-        let r = parity::compare(&p.id, model, &Recorded(p), &[batch], dtype)
-            .with_context(|| format!("probe {}", p.id))?;
-        max_dp = max_dp.max(r.max_abs_dp);
-        if !r.passed {
-            failed.push(format!(
-                "probe {} ({options} options): max |Δp| {:.3e} (tolerance {:.0e}){}",
-                p.id,
-                r.max_abs_dp,
-                r.tolerance,
-                if r.pick_mismatches > 0 {
-                    ", a different pick"
-                } else {
-                    ""
-                }
-            ));
-        }
-    }
-    if !failed.is_empty() {
-        anyhow::bail!(
-            "{} reproduces {} of {} probe answers recorded by {}: {}",
-            model.describe(),
-            file.probes.len() - failed.len(),
-            file.probes.len(),
-            file.reference,
-            failed.join("; ")
-        );
-    }
-    Ok((file.probes.len(), max_dp))
-}
-
-/// `model.mlpackage`: its structure ([`crate::coreml::verify_package`]) and the facts the
-/// manifest states about it.
-fn check_coreml(dir: &Path, c: &crate::coreml::CoremlFacts) -> Result<()> {
-    let pkg = dir.join(&c.file);
-    let summary = crate::coreml::verify_package(&pkg)?;
-    let model = crate::coreml::read_model(&pkg)?;
-    let dtype = model
-        .description
-        .as_ref()
-        .and_then(|d| d.metadata.as_ref())
-        .and_then(|m| m.user_defined.get("dtype"))
-        .cloned()
-        .unwrap_or_default();
-    if dtype != c.dtype {
-        anyhow::bail!("holds {dtype:?} weights, the manifest says {:?}", c.dtype);
-    }
-    if summary.operations != c.operations || summary.weight_blobs != c.weight_blobs {
-        anyhow::bail!(
-            "has {} operations and {} weight blobs, the manifest says {} and {}",
-            summary.operations,
-            summary.weight_blobs,
-            c.operations,
-            c.weight_blobs
-        );
-    }
-    Ok(())
 }
 
 fn check_verifications(m: &Manifest, v: &mut Verdict) {

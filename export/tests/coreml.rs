@@ -15,8 +15,9 @@ use std::sync::Arc;
 use decision_export::Qwen3Config;
 use decision_export::coreml::check::{self, CheckSample, Python};
 use decision_export::coreml::pb::{self, mil_spec as mil};
+use decision_export::coreml::verify::structure;
 use decision_export::coreml::{
-    CoremlOptions, FUNCTION, OPSET, SPECIFICATION_VERSION, read_model, verify_package, write_coreml,
+    CoremlOptions, FUNCTION, OPSET, SPECIFICATION_VERSION, read_model, write_coreml,
 };
 use decision_export::graph::{DType, Graph, GraphOptions, build_qwen3};
 use decision_export::parity::{self, Batch};
@@ -181,7 +182,7 @@ fn package_layout_interface_and_weights_are_well_formed() {
     }
 
     // Every weight is in weight.bin once (the tied table too), as fp16; norms as fp32.
-    let summary = verify_package(&pkg).unwrap();
+    let summary = structure(&pkg).unwrap();
     assert_eq!(summary.weight_blobs, files.facts.weight_blobs);
     let weights_f16: u64 = g
         .consts()
@@ -223,12 +224,12 @@ fn verify_package_names_a_corrupted_blob() {
     let g = graph("tiny", DType::F32);
     let dir = tempfile::tempdir().unwrap();
     let pkg = write_coreml(&g, opts(), dir.path()).unwrap().package;
-    verify_package(&pkg).unwrap();
+    structure(&pkg).unwrap();
     let first = first_blob_offset(&read_model(&pkg).unwrap());
     let mut bytes = std::fs::read(weight_path(&pkg)).unwrap();
     bytes[first as usize] ^= 0x01;
     std::fs::write(weight_path(&pkg), &bytes).unwrap();
-    let err = format!("{:#}", verify_package(&pkg).unwrap_err());
+    let err = format!("{:#}", structure(&pkg).unwrap_err());
     assert!(err.contains("sentinel is 0xdeadbeee"), "{err}");
 }
 

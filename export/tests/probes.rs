@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
+use decision_export::onnx::probes::{PROBES_FILE, ProbeFile};
 use decision_export::onnx::{self, pb, read_model};
-use decision_export::samples::{PROBES_FILE, ProbeFile};
 use decision_export::verify::verify;
 use decision_export::{ExportOptions, run};
 use prost::Message;

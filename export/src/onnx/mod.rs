@@ -9,7 +9,10 @@
 //! Weights over 2 GB (or always, with [`OnnxOptions::external_data`]) go to `model.onnx.data`, each
 //! at a 4096-aligned offset; builder-made constants (shapes, scalars, RoPE frequencies) stay inline.
 
+pub(crate) mod export;
 mod lower;
+pub mod probes;
+pub mod verify;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
