@@ -65,7 +65,7 @@ enum Gen {
 
 fn main() -> ExitCode {
     // SAFETY: first thing in main, before any thread exists.
-    unsafe { decision_train::backend::quiet_headless_vulkan() };
+    unsafe { decision_train::model::backend::quiet_headless_vulkan() };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Data(cmd) => cmd.run(),

@@ -35,8 +35,7 @@ pub fn load(src: &str) -> Result<LoadedModel> {
             thresholds,
         });
     }
-    let loaded =
-        decision_train::eval::load_model_or_run("--model", src, decision_train::Backend::Cpu)?;
+    let loaded = decision_train::run_folder::load("--model", src, decision_train::Backend::Cpu)?;
     eprintln!(
         "sim: model {} ({} parameters) on the CPU",
         loaded.name,
@@ -104,7 +103,7 @@ impl Scorer for BundleScorer {
 /// (more options than it labels, a prompt cut to fit) go to the LLM, as the worker's
 /// `capacity` answer does.
 struct ModelScorer {
-    loaded: decision_train::eval::Loaded,
+    loaded: decision_train::run_folder::Loaded,
 }
 
 impl Scorer for ModelScorer {
@@ -127,7 +126,7 @@ impl Scorer for ModelScorer {
         let points: Vec<&str> = take.iter().map(|&i| states[i].point.as_str()).collect();
         let scores = dm.score_encoded(&encoded, &points, encoded.len().max(1), &mut |_| {});
         let logits: Vec<Vec<f64>> = scores.iter().map(|s| s.logits.clone()).collect();
-        decision_train::score::check_finite(&logits, &|j| {
+        decision_train::model::score::check_finite(&logits, &|j| {
             format!("state {:?}", states[take[j]].id)
         })?;
         for (&i, sc) in take.iter().zip(scores) {

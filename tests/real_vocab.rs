@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use decision_train::random_checkpoint;
+use decision_train::model::random_checkpoint;
 use serde_json::{Value, json};
 
 #[path = "support/checkers.rs"]

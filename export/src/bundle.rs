@@ -105,7 +105,7 @@ pub struct Manifest {
 
 /// Size and hash of every file in the bundle folder.
 pub fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
-    let bar = crate::progress::bar(0, "hashing bundle files");
+    let bar = decision_data::progress::task(0, "hashing bundle files");
     let entries = list_files(dir)?
         .into_iter()
         .map(|path| {

@@ -12,12 +12,10 @@ pub mod graph;
 pub mod lora;
 pub mod onnx;
 pub mod parity;
-mod progress;
 mod run;
 pub mod samples;
 pub mod source;
 pub mod verify;
-pub mod weights;
 
 /// The export pipeline (`decision export` parses its arguments into [`ExportOptions`]).
 pub use run::{ExportOptions, Format, WeightDtype, run, run_from};

@@ -1,15 +1,15 @@
 //! LoRA merging for export: a [`WeightSource`] that reads the base weights with a PEFT adapter
 //! folded in (`W + s·B·A`, per tensor, on read; trainable tokens' rows replace the embedding's,
 //! which a tied LM head shares). The adapter files themselves are read and written
-//! by the training crate's one PEFT implementation ([`decision_train::peft`]).
+//! by the training crate's one PEFT implementation ([`decision_train::model::peft`]).
 
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 
-pub use decision_train::peft::PeftAdapter as LoraAdapter;
+use decision_train::model::peft::PeftAdapter;
 
-use crate::weights::WeightSource;
+use decision_train::model::weights::WeightSource;
 
 const EMBED: &str = "model.embed_tokens.weight";
 
@@ -17,11 +17,11 @@ const EMBED: &str = "model.embed_tokens.weight";
 /// the base tensor otherwise. Merging happens per tensor, on read.
 pub struct MergedSource {
     base: Arc<dyn WeightSource>,
-    adapter: Arc<LoraAdapter>,
+    adapter: Arc<PeftAdapter>,
 }
 
 impl MergedSource {
-    pub fn new(base: Arc<dyn WeightSource>, adapter: Arc<LoraAdapter>) -> Result<Self> {
+    pub fn new(base: Arc<dyn WeightSource>, adapter: Arc<PeftAdapter>) -> Result<Self> {
         for (module, pair) in &adapter.modules {
             let name = format!("{module}.weight");
             match base.shape(&name) {

@@ -83,7 +83,10 @@ pub struct Recorded {
 
 impl Recorded {
     pub fn record(scorer: &dyn Scorer, batches: &[Batch]) -> Result<Self> {
-        let bar = crate::progress::bar(batches.len() as u64, "scoring samples with the reference");
+        let bar = decision_data::progress::task(
+            batches.len() as u64,
+            "scoring samples with the reference",
+        );
         let answers = batches
             .iter()
             .map(|b| {

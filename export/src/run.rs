@@ -86,14 +86,14 @@ pub struct ExportOptions {
 }
 
 /// `--point-rule` values as decision.json's rules.
-fn parse_point_rules(args: &[String]) -> Result<Vec<decision_train::spec::PointRule>> {
+fn parse_point_rules(args: &[String]) -> Result<Vec<decision_prompt::spec::PointRule>> {
     args.iter()
         .map(|a| {
             let (point, ids) = match a.split_once('=') {
                 Some((p, ids)) => (p, Some(ids)),
                 None => (a.as_str(), None),
             };
-            Ok(decision_train::spec::PointRule {
+            Ok(decision_prompt::spec::PointRule {
                 point: point.trim().to_string(),
                 candidates: ids.map(|ids| {
                     ids.split(',')
@@ -157,7 +157,7 @@ fn check_args(opts: &ExportOptions) -> Result<()> {
 fn check_paths(opts: &ExportOptions) -> Result<()> {
     let mut io = decision_data::paths::IoCheck::new();
     if let Some(run) = &opts.run {
-        decision_train::eval::model_or_run_inputs(&mut io, "--run", run);
+        decision_train::run_folder::inputs(&mut io, "--run", run);
     }
     if let Some(m) = &opts.model
         && Path::new(m).exists()
@@ -201,7 +201,7 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
     if !opts.point_rules.is_empty() {
         spec.point_rules = parse_point_rules(&opts.point_rules)?;
     } else if spec.point_rules.is_empty() {
-        spec.point_rules = decision_train::spec::keel_point_rules();
+        spec.point_rules = decision_prompt::spec::keel_point_rules();
     }
     spec.validate().context("--point-rule")?;
     let temperature = spec.temperature;

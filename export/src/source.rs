@@ -7,15 +7,17 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use decision_data::State;
-use decision_train::Encoded;
-use decision_train::hub::{self, HubEnv, ModelDir};
+use decision_prompt::Encoded;
+use decision_train::model::hub::{self, HubEnv, ModelDir};
+use decision_train::run_folder;
 use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 
 use crate::Qwen3Config;
-use crate::lora::{LoraAdapter, MergedSource};
+use crate::lora::MergedSource;
 use crate::parity::{Batch, Scorer, Scores};
 use crate::samples;
-use crate::weights::{SafetensorsDir, WeightSource};
+use decision_train::model::peft::PeftAdapter;
+use decision_train::model::weights::{SafetensorsDir, WeightSource};
 
 /// Where the model comes from.
 #[derive(Debug, Clone)]
@@ -45,7 +47,7 @@ pub struct Source {
     pub reference: String,
     /// The weights the model files get (adapter merged).
     pub weights: Arc<dyn WeightSource>,
-    pub adapter: Option<LoraAdapter>,
+    pub adapter: Option<PeftAdapter>,
     pub samples: Vec<State>,
     /// Where the samples came from.
     pub samples_from: String,
@@ -112,13 +114,11 @@ impl Source {
         let weights: Arc<dyn WeightSource> = Arc::new(SafetensorsDir::open(&final_dir)?);
         let adapter_dir = final_dir.join("adapter");
         let adapter = if adapter_dir.is_dir() {
-            Some(LoraAdapter::load(&adapter_dir, &config)?)
+            Some(PeftAdapter::load(&adapter_dir, &config)?)
         } else {
             None
         };
-        let run_toml = run.join("run.toml");
-        let run_cfg = decision_train::run_config::RunConfig::load(&run_toml, &[])
-            .with_context(|| format!("{}: the run's config", run_toml.display()))?;
+        let run_cfg = run_folder::config(run)?;
         let base = adapter
             .as_ref()
             .and_then(|a| a.base_model.clone())
@@ -127,7 +127,7 @@ impl Source {
         // The run's validation states. Reading them may quarantine bad rows; keep that out of the
         // run folder.
         let scratch = tempfile::tempdir().context("a temporary folder")?;
-        let (_, valid) = decision_train::data_order::load_run_states(&run_cfg, scratch.path())
+        let valid = run_folder::validation_states(&run_cfg, scratch.path())
             .with_context(|| format!("{}: reading the run's validation states", run.display()))?;
         let samples_from = format!("{} (validation split)", run.display());
         let samples = if valid.is_empty() {
@@ -162,7 +162,7 @@ impl Source {
                 "burn (decision-train, cpu f32)".to_string(),
             ),
             Some(dir) => {
-                let adapter = LoraAdapter::load(dir, &config)?;
+                let adapter = PeftAdapter::load(dir, &config)?;
                 let merged: Arc<dyn WeightSource> =
                     Arc::new(MergedSource::new(base_weights, Arc::new(adapter.clone()))?);
                 // The reference applies the adapter its own way (unmerged, x·W + s·(x·A)·B),
@@ -171,9 +171,10 @@ impl Source {
                 let mut normalized = adapter.clone();
                 normalized.base_model.get_or_insert_with(|| src.to_string());
                 normalized.write_peft(scratch.path())?;
-                model.model = decision_train::lora::load_peft(model.model.clone(), scratch.path())
-                    .context("applying the adapter to the reference model")?
-                    .0;
+                model.model =
+                    decision_train::model::lora::load_peft(model.model.clone(), scratch.path())
+                        .context("applying the adapter to the reference model")?
+                        .0;
                 let reference =
                     "burn (decision-train, cpu f32, PEFT adapter applied unmerged)".to_string();
                 (merged, Some(adapter), reference)
@@ -261,13 +262,14 @@ impl Scorer for BurnScorer<'_> {
             })
             .collect();
         let refs: Vec<&Encoded> = rows.iter().collect();
-        let raw = decision_train::score::label_logits(&self.model.model, &refs, self.model.pad_id);
+        let raw =
+            decision_train::model::score::label_logits(&self.model.model, &refs, self.model.pad_id);
         // A reference that overflowed would make NaN probes and a parity gate that compares NaNs.
-        decision_train::score::check_finite(&raw, &|r| format!("sample row {r} of a batch"))
+        decision_train::model::score::check_finite(&raw, &|r| format!("sample row {r} of a batch"))
             .with_context(|| format!("{} (the reference forward pass)", self.label))?;
         let (mut logits, mut probs) = (Vec::new(), Vec::new());
         for r in raw {
-            let (p, l) = decision_train::score::softmax_t(&r, self.temperature);
+            let (p, l) = decision_train::model::score::softmax_t(&r, self.temperature);
             probs.push(p.iter().map(|x| *x as f32).collect());
             logits.push(l.iter().map(|x| *x as f32).collect());
         }

@@ -97,7 +97,7 @@ pub fn verify(dir: &Path) -> Verdict {
             .push(format!("manifest.json: model.config: {e:#}"));
     }
     if let (Some(peft), Ok(cfg)) = (&manifest.formats.peft, &config)
-        && let Err(e) = crate::lora::LoraAdapter::load(&dir.join(peft), cfg)
+        && let Err(e) = decision_train::model::peft::PeftAdapter::load(&dir.join(peft), cfg)
     {
         v.problems.push(format!("{peft}/: {e:#}"));
     }
@@ -126,21 +126,21 @@ pub fn verify(dir: &Path) -> Verdict {
 
 fn check_decision(dir: &Path, v: &mut Verdict) {
     let path = dir.join(bundle::DECISION);
-    let spec = match decision_train::DecisionSpec::from_file(&path) {
+    let spec = match decision_prompt::DecisionSpec::from_file(&path) {
         Ok(s) => s,
         Err(e) => {
             v.problems.push(format!("{}: {e:#}", bundle::DECISION));
             return;
         }
     };
-    let tok = match decision_train::tokenizer::load(&dir.join(bundle::TOKENIZER)) {
+    let tok = match decision_prompt::tokenizer::load(&dir.join(bundle::TOKENIZER)) {
         Ok(t) => t,
         Err(e) => {
             v.problems.push(format!("{}: {e:#}", bundle::TOKENIZER));
             return;
         }
     };
-    match decision_train::tokenizer::label_token_ids(&tok, &spec.labels, spec.max_options) {
+    match decision_prompt::tokenizer::label_token_ids(&tok, &spec.labels, spec.max_options) {
         Err(e) => v.problems.push(format!("{}: {e:#}", bundle::TOKENIZER)),
         Ok(ids) if ids != spec.label_token_ids => v.problems.push(format!(
             "decision.json lists label token ids {:?}, tokenizer.json encodes the labels as {ids:?}",

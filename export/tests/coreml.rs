@@ -22,8 +22,8 @@ use decision_export::coreml::{
 use decision_export::graph::{DType, Graph, GraphOptions, build_qwen3};
 use decision_export::parity::{self, Batch};
 use decision_export::source::BurnScorer;
-use decision_export::weights::{SafetensorsDir, WeightSource};
-use decision_train::hub::ModelDir;
+use decision_train::model::hub::ModelDir;
+use decision_train::model::weights::{SafetensorsDir, WeightSource};
 use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 use prost::Message;
 

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use anyhow::Result;
 use decision_export::Qwen3Config;
 use decision_export::graph::{DType, GraphOptions, build_qwen3};
-use decision_export::lora::{LoraAdapter, MergedSource};
+use decision_export::lora::MergedSource;
 use decision_export::onnx::{DATA_ALIGN, OnnxOptions, read_model, write_onnx};
 use decision_export::parity::{Batch, Scorer, Scores, TractModel, compare};
-use decision_export::weights::{SafetensorsDir, WeightSource};
+use decision_train::model::peft::PeftAdapter;
+use decision_train::model::weights::{SafetensorsDir, WeightSource};
 use serde_json::Value;
 
 #[path = "support/options.rs"]
@@ -84,7 +85,7 @@ fn source(model: &str) -> (Qwen3Config, Arc<dyn WeightSource>) {
     let weights = match adapter {
         None => weights,
         Some(a) => {
-            let adapter = LoraAdapter::load(&fixtures().join(a), &cfg).unwrap();
+            let adapter = PeftAdapter::load(&fixtures().join(a), &cfg).unwrap();
             Arc::new(MergedSource::new(weights, Arc::new(adapter)).unwrap())
         }
     };
@@ -276,8 +277,8 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
     assert_eq!((adapter.r, adapter.alpha, adapter.included), (4, 8.0, true));
     // The adapter we wrote holds exactly what we read.
     let cfg = Qwen3Config::from_file(&fixtures().join("tiny")).unwrap();
-    let ours = LoraAdapter::load(&out.join("adapter"), &cfg).unwrap();
-    let theirs = LoraAdapter::load(&fixtures().join("tiny-lora"), &cfg).unwrap();
+    let ours = PeftAdapter::load(&out.join("adapter"), &cfg).unwrap();
+    let theirs = PeftAdapter::load(&fixtures().join("tiny-lora"), &cfg).unwrap();
     assert_eq!(ours.modules, theirs.modules);
 
     let v = verify(&out);
@@ -422,7 +423,8 @@ fn a_model_that_disagrees_with_the_reference_is_not_published() {
     .unwrap();
     // The reference gets other weights than the ones exported.
     let device = source.model.device.clone();
-    source.model.model = decision_train::model::init_random(&source.model.config, 0.2, &device);
+    source.model.model =
+        decision_train::model::qwen3::init_random(&source.model.config, 0.2, &device);
     let err = run_from(source, &a).unwrap_err().to_string();
     assert!(
         err.contains("parity check failed for model.onnx") && err.contains("max |Δp| = "),
@@ -533,7 +535,7 @@ fn a_reference_whose_finite_weights_overflow_is_refused_by_name() {
         .iter()
         .map(|t| (t.name.clone(), t.shape.clone()))
         .collect();
-    decision_train::weights::write_safetensors(
+    decision_train::model::weights::write_safetensors(
         &model.join("model.safetensors"),
         &shapes,
         tensors.into_iter(),

@@ -14,8 +14,8 @@ use decision_fit::FitConfig;
 use decision_fit::aggregate::Aggregate;
 use decision_prompt::{DecisionSpec, Prompter};
 use decision_train::Qwen3Config;
+use decision_train::model::weights::{self, SafetensorsDir, WeightSource};
 use decision_train::run_config::RunConfig;
-use decision_train::weights::{self, Checkpoint, WeightSource};
 
 use crate::mutate::Kind;
 
@@ -378,7 +378,7 @@ fn safetensors(path: &Path) -> Result<Box<dyn Runner>> {
         fn run(&mut self, input: &[u8]) -> Result<()> {
             write(&self.path, input);
             let files = [self.path.clone()];
-            let ckpt = Checkpoint::open_files(&files)?;
+            let ckpt = SafetensorsDir::open_files(&files)?;
             let names = ckpt.names();
             let mut unreadable = None;
             for n in &names {

@@ -29,7 +29,7 @@ fn main() -> Result<()> {
     let cfg = RunConfig::load(&config, &sets)?;
     let tmp = tempfile_dir()?;
     let (train, _valid) = load_run_states(&cfg, &tmp)?;
-    let device = decision_train::backend::device(cfg.train.backend)?;
+    let device = decision_train::model::backend::device(cfg.train.backend)?;
     let dm = initial_model(&cfg, &train, &device)?;
     let bs = cfg.train.batch_size;
     let mut stream = Stream::new(&train, bs, cfg.train.seed, cfg.data.shuffle_options, 0, 0);

@@ -7,7 +7,7 @@
 //!       --tokenizer tests/fixtures/export/tiny/tokenizer.json [--states 64 --tokens 512]
 //!
 //! Weights: normal(0, initializer_range) for matrices, ones for norms, zeros for biases, as
-//! transformers' `_init_weights`, written by `decision_train::random_checkpoint` in the
+//! transformers' `_init_weights`, written by `decision_train::model::random_checkpoint` in the
 //! checkpoint's layout (one `model.safetensors` or `--shards N` with their index, optionally in a
 //! hub cache: `--hub-cache`) and never held in memory whole, so an 8 GB bf16 4B checkpoint
 //! needs a few MB. With `--states N --tokens T` it also writes `OUT/states.jsonl`: N labelled
@@ -19,8 +19,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use decision_train::random_checkpoint;
-use decision_train::weights::expected_tensors;
+use decision_train::model::random_checkpoint;
+use decision_train::model::weights::expected_tensors;
 use rand::{Rng, SeedableRng};
 
 const USAGE: &str = "\
@@ -108,7 +108,7 @@ fn main() -> Result<()> {
     if hub_cache.is_none() {
         // decision.json with the label token ids, so that a reference side can render and
         // encode prompts exactly as `decision` does (scripts/bench_scale.py).
-        let tok = decision_train::tokenizer::load(&tokenizer_json)?;
+        let tok = decision_prompt::tokenizer::load(&tokenizer_json)?;
         let mut spec = decision_train::default_spec(&tok);
         spec.max_tokens = 8192;
         spec.label_token_ids = spec.labels[..spec.max_options]
@@ -148,7 +148,7 @@ fn write_states(
     n: usize,
     tokens: usize,
 ) -> Result<()> {
-    let tok = decision_train::tokenizer::load(tokenizer)?;
+    let tok = decision_prompt::tokenizer::load(tokenizer)?;
     let mut words: Vec<String> = tok
         .get_vocab(false)
         .into_keys()

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::ScoredState;
-use crate::spec::{DecisionSpec, TemperatureClamp};
+use decision_prompt::spec::{DecisionSpec, TemperatureClamp};
 
 pub const T_MIN: f64 = 0.05;
 pub const T_MAX: f64 = 20.0;
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("\"stop\"") && w[0].contains("floor"), "{w:?}");
 
-        let mut spec = DecisionSpec::defaults(crate::spec::PromptTemplate::plain());
+        let mut spec = DecisionSpec::defaults(decision_prompt::spec::PromptTemplate::plain());
         t.record_in(&mut spec);
         let v = serde_json::to_value(&spec).unwrap();
         assert_eq!(

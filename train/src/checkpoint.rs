@@ -57,7 +57,7 @@ pub struct TrainerState {
     pub dtype: Option<crate::Precision>,
     /// The dynamic loss scale, when the run scales its loss (`[train] loss_scale`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_scale: Option<crate::f16_safety::LossScaler>,
+    pub loss_scale: Option<crate::model::f16_safety::LossScaler>,
     /// Projections computed in f32 since their f16 product overflowed (`[train]
     /// f16_overflow`), by checkpoint path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

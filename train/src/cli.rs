@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::backend::{Backend, Precision};
+use crate::model::backend::{Backend, Precision};
 
 /// `decision score`
 #[derive(clap::Args, Debug, Clone)]

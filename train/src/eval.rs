@@ -8,18 +8,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
-use decision_data::paths::IoCheck;
+use anyhow::{Context, Result};
 use decision_data::{Split, SplitRatios, State};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Backend;
 use crate::data_order::{mix_seed, permuted};
-use crate::decision_model::{DecisionModel, LoadOptions};
 use crate::loss::{LossWeights, state_loss};
 use crate::metrics::{Metrics, Report, ScoredState, flips, metrics, share};
+use crate::model::decision_model::DecisionModel;
 
 /// The JSON `--report` writes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,72 +31,6 @@ pub struct EvalReport {
     pub baseline: Option<Box<EvalReport>>,
 }
 
-/// A model to evaluate: a run folder (its `final/`) or a model source.
-pub struct Loaded {
-    pub dm: DecisionModel,
-    pub name: String,
-    /// For runs: the run config.
-    pub run: Option<crate::run_config::RunConfig>,
-}
-
-/// What reading `src` (a run folder of ours, a model folder, or a Hub id) reads, as inputs of
-/// `io` given as `flag`: for a run folder its `run.toml`, its `final/` model and the states its
-/// config names (not the whole folder: receipts or a bundle may be written beside them); for a
-/// model folder the folder. A Hub id reads nothing local.
-pub fn model_or_run_inputs(io: &mut IoCheck, flag: &str, src: &Path) {
-    let run_toml = src.join("run.toml");
-    if run_toml.is_file() {
-        io.input(flag, &run_toml).input(flag, src.join("final"));
-        if let Ok(cfg) = crate::run_config::RunConfig::load(&run_toml, &[]) {
-            io.input(&format!("{flag}'s data.train"), &cfg.data.train);
-            if let Some(v) = &cfg.data.valid {
-                io.input(&format!("{flag}'s data.valid"), v);
-            }
-        }
-    } else if src.exists() {
-        io.input(flag, src);
-    }
-}
-
-/// Load `src`: a run folder of ours (has `run.toml` and `final/`) or a model folder / Hub id.
-/// `flag` is what the user gave it as (`--run`, `--model`, `--baseline`), for messages.
-pub fn load_model_or_run(flag: &str, src: &str, backend: Backend) -> Result<Loaded> {
-    let p = Path::new(src);
-    let label = format!("{flag} {src}");
-    let opts = LoadOptions {
-        backend,
-        ..Default::default()
-    };
-    if p.join("run.toml").is_file() {
-        let text = std::fs::read_to_string(p.join("run.toml"))?;
-        let cfg = crate::run_config::RunConfig::parse(&text, &[])
-            .with_context(|| format!("{}/run.toml", p.display()))?;
-        let fin = p.join("final");
-        if !fin.is_dir() {
-            bail!(
-                "{}: the run has no final/ model yet (still training, or stopped: `decision train --resume`)",
-                p.display()
-            );
-        }
-        let dm =
-            DecisionModel::load_as(&format!("{label}: final/"), &fin.to_string_lossy(), &opts)?;
-        return Ok(Loaded {
-            dm,
-            name: cfg.name.clone(),
-            run: Some(cfg),
-        });
-    }
-    if flag == "--run" && !p.is_dir() {
-        bail!("{label}: no such folder (a run folder written by `decision train --out`)");
-    }
-    let dm = DecisionModel::load_as(&label, src, &opts)?;
-    Ok(Loaded {
-        dm,
-        name: src.to_string(),
-        run: None,
-    })
-}
-
 /// Raw option logits of every state (temperature 1), in input order; refused, naming the
 /// state, when a state's logits are not finite (they would make receipts `fit` rejects).
 pub fn score_states(
@@ -110,9 +42,14 @@ pub fn score_states(
         .iter()
         .map(|s| dm.encode(s))
         .collect::<Result<Vec<_>>>()?;
-    let logits =
-        crate::score::logits_in_batches(&dm.model, &encoded, dm.pad_id, batch_size, &mut |_| {});
-    crate::score::check_finite(&logits, &|i| format!("state {:?}", states[i].id))
+    let logits = crate::model::score::logits_in_batches(
+        &dm.model,
+        &encoded,
+        dm.pad_id,
+        batch_size,
+        &mut |_| {},
+    );
+    crate::model::score::check_finite(&logits, &|i| format!("state {:?}", states[i].id))
         .with_context(|| dm.origin.clone())?;
     Ok(states
         .iter()

@@ -2,17 +2,17 @@
 //! batch, the loss (decision loss, plus the optional next-token term), and the gradients, with
 //! the micro-batch split into `[train] shards` that run side by side, `[train] recompute`'s
 //! layer recomputation, the dynamic loss scale and, on an f16 base, the products' overflow
-//! flags (`crate::f16_safety`).
+//! flags (`crate::model::f16_safety`).
 
 use anyhow::Result;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use decision_data::State;
 
-use crate::decision_model::DecisionModel;
-use crate::f16_safety::ProductChecks;
 use crate::loss::{LossTargets, LossWeights, batch_loss};
-use crate::model::{Batch, Qwen3};
+use crate::model::decision_model::DecisionModel;
+use crate::model::f16_safety::ProductChecks;
+use crate::model::qwen3::{Batch, Qwen3};
 use crate::run_config::RunConfig;
 
 /// What one shard of a micro-batch contributes: its gradients (multiplied by the loss scale),
@@ -168,7 +168,7 @@ fn shard_pass(
             let last = decoded.narrow(1, s - 1, 1).reshape([b, h]);
             (model.model.norm.forward(last), None)
         };
-        let logits = crate::model::in_f32(model.token_logits(last, &mb.label_ids));
+        let logits = crate::model::qwen3::in_f32(model.token_logits(last, &mb.label_ids));
         let (absent, q, onehot) = mb.targets.tensors(&logits.device());
         let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
         let loss = match lm {
@@ -206,7 +206,7 @@ fn lm_term(
     use burn::tensor::{Int, Tensor, TensorData};
     let [b, s, _] = hidden.dims();
     let device = hidden.device();
-    let logits = crate::model::in_f32(model.logits(hidden.narrow(1, 0, s - 1)));
+    let logits = crate::model::qwen3::in_f32(model.logits(hidden.narrow(1, 0, s - 1)));
     let mut next = Vec::with_capacity(b * (s - 1));
     let mut mask = Vec::with_capacity(b * (s - 1));
     for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {

@@ -3,7 +3,7 @@
 //! a run whose plan exceeds the device.
 //!
 //! Activations (f32 at every weight dtype) are counted per token and layer from what Burn's
-//! autodiff keeps for the backward pass of our layer (`crate::model`): norms, projections (and,
+//! autodiff keeps for the backward pass of our layer (`crate::model::qwen3`): norms, projections (and,
 //! for a bf16 / f16 base, their inputs cast to it), RoPE copies, the shared key/value
 //! heads, the SwiGLU products, and, without recomputation, the attention scores of every layer.
 //! With recomputation (`crate::recompute`) only each layer's input stays, plus one layer's tape
@@ -16,8 +16,8 @@ use std::fmt::Write as _;
 use anyhow::{Result, bail};
 use burn::tensor::Device;
 
-use crate::backend::{self, Backend, Precision};
-use crate::config::Qwen3Config;
+use crate::model::backend::{self, Backend, Precision};
+use crate::model::config::Qwen3Config;
 use crate::run_config::{Mode, RunConfig};
 
 /// The process besides its tensors: binary, tokenizer, states, thread pool. Measured: a tiny
@@ -118,7 +118,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let kvd = arch.num_key_value_heads as u64 * d;
     let i = arch.intermediate_size as u64;
     let v = arch.vocab_size as u64;
-    let params: u64 = crate::weights::expected_tensors(arch)
+    let params: u64 = crate::model::weights::expected_tensors(arch)
         .iter()
         .map(|(_, s)| s.iter().product::<usize>() as u64)
         .sum();
@@ -153,7 +153,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // Per token, per layer, what the tape keeps (bytes): each RMSNorm keeps its f32 input and
     // normalised value and its output; RoPE its input, the rotated copy and the concatenation;
     // the shared key/value heads a copy per query head; SwiGLU four intermediate-sized tensors.
-    // Activations are f32 whatever the weights' dtype (`crate::model::in_f32`); a bf16 / f16 base
+    // Activations are f32 whatever the weights' dtype (`crate::model::qwen3::in_f32`); a bf16 / f16 base
     // casts each projection's input to its dtype for the product, and the tape keeps that copy.
     let a = 4;
     let cast = |n: u64| if w == 4 { 0 } else { n * w };
@@ -186,12 +186,12 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     } else {
         activations_taped
     };
-    let largest = crate::weights::expected_tensors(arch)
+    let largest = crate::model::weights::expected_tensors(arch)
         .iter()
         .map(|(_, s)| s.iter().product::<usize>() as u64)
         .max()
         .unwrap_or(0);
-    // The merge replaces one projection at a time (`crate::lora::merge`; the trainer first drops
+    // The merge replaces one projection at a time (`crate::model::lora::merge`; the trainer first drops
     // its other handles on the base): the adapters' product, the base cast up and their sum in
     // f32, then the sum in the base's dtype.
     // Trainable tokens are written into a copy of the embedding (the base model still holds the
@@ -395,7 +395,7 @@ pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
     match cfg.model.init {
         crate::run_config::Init::Pretrained => {
             let src = cfg.model.source.as_deref().unwrap_or_default();
-            let dir = crate::hub::resolve(src, &crate::hub::HubEnv::from_env())?;
+            let dir = crate::model::hub::resolve(src, &crate::model::hub::HubEnv::from_env())?;
             Qwen3Config::from_file(&dir.dir.join("config.json"))
         }
         crate::run_config::Init::Random => {
@@ -420,7 +420,7 @@ pub fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<Str
         return Ok(None);
     }
     let src = cfg.model.source.as_deref().unwrap_or_default();
-    let md = crate::hub::resolve(src, &crate::hub::HubEnv::from_env())?;
+    let md = crate::model::hub::resolve(src, &crate::model::hub::HubEnv::from_env())?;
     let tied = if arch.tie_word_embeddings {
         "embedding tied to the head"
     } else {
@@ -439,10 +439,13 @@ pub fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<Str
         o.push_str("tokenizer: none in the source (a run needs its tokenizer.json)\n");
         return Ok(Some(o));
     }
-    let tok = crate::tokenizer::load(&tok_path)?;
-    let spec_path = md.dir.join(crate::spec::FILE);
+    let tok = decision_prompt::tokenizer::load(&tok_path)?;
+    let spec_path = md.dir.join(decision_prompt::spec::FILE);
     let (mut spec, which) = if spec_path.is_file() {
-        (crate::DecisionSpec::from_file(&spec_path)?, "decision.json")
+        (
+            decision_prompt::DecisionSpec::from_file(&spec_path)?,
+            "decision.json",
+        )
     } else {
         (crate::default_spec(&tok), "the defaults")
     };
@@ -457,9 +460,9 @@ pub fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<Str
             arch.vocab_size
         );
     }
-    let prompter = crate::Prompter::new(&spec, tok, arch.max_position_embeddings)
+    let prompter = decision_prompt::Prompter::new(&spec, tok, arch.max_position_embeddings)
         .with_context(|| format!("{}: decision prompt", md.origin))?;
-    let template = match crate::tokenizer::chat_markers(&prompter.tokenizer) {
+    let template = match decision_prompt::tokenizer::chat_markers(&prompter.tokenizer) {
         (true, true) => "Qwen's chat template, non-thinking",
         (true, false) => "Qwen's chat template",
         (false, _) => "the plain template",

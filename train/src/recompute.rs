@@ -26,8 +26,8 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Tensor;
 use burn::tensor::activation::softmax;
 
-use crate::f16_safety::ProductChecks;
-use crate::model::{Batch, LayerInputs, Qwen3};
+use crate::model::f16_safety::ProductChecks;
+use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
 /// 256 MiB per block.
@@ -245,9 +245,9 @@ mod tests {
     use burn::tensor::{Distribution, Tensor};
 
     use super::*;
-    use crate::config::Qwen3Config;
     use crate::loss::{LossTargets, batch_loss};
-    use crate::model::{Batch, Qwen3, init_random};
+    use crate::model::config::Qwen3Config;
+    use crate::model::qwen3::{Batch, Qwen3, init_random};
 
     fn config(tied: bool) -> Qwen3Config {
         Qwen3Config::from_json(&serde_json::json!({
@@ -384,7 +384,7 @@ mod tests {
         ] {
             let rows_read = usize::from(tied || tokens.contains(&3));
             let base = init_random(&config(tied), 0.3, &device).train();
-            let spec = crate::lora::LoraSpec {
+            let spec = crate::model::lora::LoraSpec {
                 rank: 2,
                 alpha: 4.0,
                 dropout: 0.0,
@@ -394,10 +394,10 @@ mod tests {
                     .collect(),
                 tokens,
             };
-            let mut model = crate::lora::attach(base, &spec, 1);
+            let mut model = crate::model::lora::attach(base, &spec, 1);
             // B = 0 at initialisation would leave A's gradients zero: give B values.
             for layer in 0..model.model.layers.len() {
-                for (_, proj) in crate::lora::projections_mut(&mut model, layer) {
+                for (_, proj) in crate::model::lora::projections_mut(&mut model, layer) {
                     let ad = proj.lora.as_mut().unwrap();
                     let dims = ad.lora_b.shape().dims::<2>();
                     let b = Tensor::<2>::random(
@@ -421,7 +421,7 @@ mod tests {
         let q = Tensor::<4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), &device);
         let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
         let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let inputs = crate::model::LayerInputs::new(&batch(), d, 10000.0, &device);
+        let inputs = crate::model::qwen3::LayerInputs::new(&batch(), d, 10000.0, &device);
         let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
             .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
         let repeat = |t: &Tensor<4>| {

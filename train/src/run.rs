@@ -12,12 +12,10 @@ use decision_data::paths::IoCheck;
 use serde_json::json;
 
 use crate::cli::{EvalArgs, ScoreArgs, TrainArgs};
-use crate::decision_model::{DecisionModel, LoadOptions};
-use crate::eval::{
-    EvalReport, comparison, evaluate, load_model_or_run, model_or_run_inputs, states_of_split,
-    table,
-};
+use crate::eval::{EvalReport, comparison, evaluate, states_of_split, table};
+use crate::model::decision_model::{DecisionModel, LoadOptions};
 use crate::run_config::RunConfig;
+use crate::run_folder;
 use crate::trainer::{TrainOptions, train as train_run};
 
 /// `decision score`: score `--data` with `--model`, one line per state to `--out`.
@@ -72,7 +70,7 @@ pub fn score(args: ScoreArgs) -> Result<ExitCode> {
     let secs = t0.elapsed().as_secs_f64();
     // Nothing reaches --out from a model whose logits overflowed (a NaN pick has no confidence).
     let logits: Vec<Vec<f64>> = scores.iter().map(|s| s.logits.clone()).collect();
-    crate::score::check_finite(&logits, &|i| {
+    crate::model::score::check_finite(&logits, &|i| {
         format!(
             "state {:?} (state {} of {} read from --data)",
             states[i].id,
@@ -135,14 +133,14 @@ pub fn train(args: &TrainArgs) -> Result<ExitCode> {
     check_train_paths(&cfg, &run_dir, args.out.is_some())?;
     if args.plan {
         // The dtype the device will run, then the plan for it.
-        let gpu = crate::backend::device(cfg.train.backend)?;
+        let gpu = crate::model::backend::device(cfg.train.backend)?;
         let given = cfg.train.dtype;
         let cfg = crate::plan::resolve_dtype(&cfg, &gpu)?;
         if given != cfg.train.dtype {
             println!(
                 "dtype: {given} -> {} (this device computes {})",
                 cfg.train.dtype,
-                crate::Precision::names(&crate::backend::supported_precisions(&gpu))
+                crate::Precision::names(&crate::model::backend::supported_precisions(&gpu))
             );
         }
         let arch = crate::plan::architecture(&cfg)?;
@@ -226,9 +224,9 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
     };
     // Nothing written may land on what is read (the states above all).
     let mut io = IoCheck::new();
-    model_or_run_inputs(&mut io, flag, Path::new(&src));
+    run_folder::inputs(&mut io, flag, Path::new(&src));
     if let Some(b) = &args.baseline {
-        model_or_run_inputs(&mut io, "--baseline", Path::new(b));
+        run_folder::inputs(&mut io, "--baseline", Path::new(b));
     }
     if let Some(d) = &args.data {
         io.input("--data", d);
@@ -263,7 +261,7 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         Some(r) => Some(staged.file("--report", r)?),
         None => None,
     };
-    let loaded = load_model_or_run(flag, &src, args.backend)?;
+    let loaded = run_folder::load(flag, &src, args.backend)?;
     let (states, data_name) = match (&args.data, &loaded.run) {
         (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
         (None, Some(cfg)) => {
@@ -305,7 +303,7 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
     println!("{name} on {data_name} (split {}):", args.split);
     print!("{}", table(&report));
     if let Some(b) = &args.baseline {
-        let base = load_model_or_run("--baseline", b, args.backend)?;
+        let base = run_folder::load("--baseline", b, args.backend)?;
         let (base_report, _) = evaluate(
             &base.dm,
             &states,

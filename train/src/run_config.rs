@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, Precision};
-use crate::f16_safety::{F16Overflow, LossScaleMode};
+use crate::model::backend::{Backend, Precision};
+use crate::model::f16_safety::{F16Overflow, LossScaleMode};
 
 /// The whole run config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -243,7 +243,7 @@ pub struct TrainSection {
     /// compute.
     #[serde(default)]
     pub recompute: bool,
-    /// Dynamic loss scaling of the backward pass (`crate::f16_safety`): `auto` (on for an f16
+    /// Dynamic loss scaling of the backward pass (`crate::model::f16_safety`): `auto` (on for an f16
     /// base), `dynamic`, `off`.
     #[serde(default)]
     pub loss_scale: LossScaleMode,

@@ -57,19 +57,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibration::{self, Temperatures};
 use crate::checkpoint::{self, PendingCheckpoint, TrainerState};
-use crate::config::Qwen3Config;
 use crate::data_order::{Stream, load_run_states, mix_seed};
-use crate::decision_model::{DecisionModel, LoadOptions};
-use crate::f16_safety::F16Overflow;
-use crate::lora::{self, LoraSpec};
 use crate::loss::LossWeights;
 use crate::metrics::Report;
 use crate::micro_batch::PassPlan;
-use crate::model::Qwen3;
+use crate::model::config::Qwen3Config;
+use crate::model::decision_model::{DecisionModel, LoadOptions};
+use crate::model::f16_safety::F16Overflow;
+use crate::model::lora::{self, LoraSpec};
+use crate::model::peft::PeftAdapter;
+use crate::model::qwen3::Qwen3;
 use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm};
-use crate::peft::PeftAdapter;
 use crate::run_config::{Init, Mode, RunConfig};
-use crate::spec::{DecisionSpec, PromptTemplate};
+use decision_prompt::spec::{DecisionSpec, PromptTemplate};
 
 /// How to run [`train`].
 #[derive(Debug, Clone, Default)]
@@ -110,7 +110,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
     // The dtype the device runs (`auto` resolved), then the memory plan for it, before anything
     // is loaded or written. The run folder's run.toml keeps the config as given; the trainer and
     // the checkpoints work with the resolved one.
-    let device = crate::backend::device(given.train.backend)?;
+    let device = crate::model::backend::device(given.train.backend)?;
     let cfg = &crate::plan::resolve_dtype(given, &device)?;
     if cfg.train.dtype != given.train.dtype {
         eprintln!(
@@ -163,8 +163,8 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(result) => result,
         Err(panic) => {
-            let message = crate::backend::panic_text(&panic);
-            match crate::backend::GpuFailure::of(&message) {
+            let message = crate::model::backend::panic_text(&panic);
+            match crate::model::backend::GpuFailure::of(&message) {
                 Some(failure) => Err(gpu_failure(cfg, &device, run_dir, failure, &message)),
                 None => std::panic::resume_unwind(panic),
             }
@@ -178,12 +178,12 @@ fn gpu_failure(
     cfg: &RunConfig,
     device: &Device,
     run_dir: &Path,
-    failure: crate::backend::GpuFailure,
+    failure: crate::model::backend::GpuFailure,
     message: &str,
 ) -> anyhow::Error {
-    use crate::backend::GpuFailure;
-    let on =
-        crate::backend::wgpu_adapter().map_or_else(String::new, |a| format!(" ({})", a.short()));
+    use crate::model::backend::GpuFailure;
+    let on = crate::model::backend::wgpu_adapter()
+        .map_or_else(String::new, |a| format!(" ({})", a.short()));
     let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
     let planned = crate::plan::architecture(cfg)
         .map(|arch| gib(crate::plan::plan(cfg, &arch).total))
@@ -317,10 +317,10 @@ impl<'a> Trainer<'a> {
         progress: bool,
         started: Instant,
     ) -> Result<Self> {
-        let plain = crate::backend::device(cfg.train.backend)?;
+        let plain = crate::model::backend::device(cfg.train.backend)?;
         let dm = initial_model(cfg, train, &plain)?;
         if cfg.model.init == Init::Random {
-            crate::tokenizer::save(dm.tokenizer(), &run_dir.join("tokenizer.json"))?;
+            decision_prompt::tokenizer::save(dm.tokenizer(), &run_dir.join("tokenizer.json"))?;
         }
         let lspec = match cfg.train.mode {
             Mode::Lora => Some(lora_spec(cfg, &dm)?),
@@ -357,7 +357,7 @@ impl<'a> Trainer<'a> {
         } else {
             state.loss_scale = None;
         }
-        crate::f16_safety::promote(&mut model, &state.f32_projections)?;
+        crate::model::f16_safety::promote(&mut model, &state.f32_projections)?;
         let f16_base = lspec.is_some() && base_dtype == burn::tensor::DType::F16;
         let mut model = model.train();
         if lspec.is_none() {
@@ -527,9 +527,9 @@ impl<'a> Trainer<'a> {
     fn compute_in_f32(&mut self, names: Vec<String>) -> Result<()> {
         let step = self.state.step + 1;
         if self.cfg.train.f16_overflow == F16Overflow::Stop {
-            return Err(crate::f16_safety::overflow_error(&names, step));
+            return Err(crate::model::f16_safety::overflow_error(&names, step));
         }
-        crate::f16_safety::promote(&mut self.model, &names)?;
+        crate::model::f16_safety::promote(&mut self.model, &names)?;
         let line = format!(
             "warning: step {step}: the f16 product of {} overflowed (beyond 65 504); computing it \
              in f32 from now on (its weight takes twice the memory)",
@@ -832,8 +832,8 @@ fn load_checkpoint(
     let model = if lora {
         lora::load_peft(dm.model.clone(), &dir.join("adapter"))?.0
     } else {
-        let files = crate::weights::weight_files(&dir.join("model"))?;
-        crate::weights::load_model(
+        let files = crate::model::weights::weight_files(&dir.join("model"))?;
+        crate::model::weights::load_model(
             &dm.config,
             &files,
             &dir.display().to_string(),
@@ -898,11 +898,11 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
                     .chain(std::iter::once(s.context.as_str()))
                     .chain(s.candidates.iter().map(|c| c.label.as_str()))
             });
-            let opts = crate::tokenizer::WordLevelOptions {
+            let opts = decision_prompt::tokenizer::WordLevelOptions {
                 min_count: cfg.model.min_token_count,
                 max_vocab: None,
             };
-            let tok = crate::tokenizer::build_word_level(corpus, &required, &opts)?;
+            let tok = decision_prompt::tokenizer::build_word_level(corpus, &required, &opts)?;
             let arch = cfg.model.arch.clone().expect("checked");
             let mut json = serde_json::to_value(&arch)?;
             json["model_type"] = "qwen3".into();
@@ -915,7 +915,7 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
                 .get("initializer_range")
                 .and_then(|v| v.as_f64())
                 .unwrap_or(0.02);
-            let model = crate::model::init_random(&qcfg, std, device);
+            let model = crate::model::qwen3::init_random(&qcfg, std, device);
             DecisionModel::from_parts(qcfg, model, tok, Some(spec), "random init")
         }
     }
@@ -1013,7 +1013,7 @@ fn append_metrics(path: &Path, value: &serde_json::Value) -> Result<()> {
 }
 
 /// Count parameters: (trainable, total).
-fn param_counts(model: &crate::model::Qwen3) -> (usize, usize) {
+fn param_counts(model: &crate::model::qwen3::Qwen3) -> (usize, usize) {
     struct V {
         trainable: usize,
         total: usize,

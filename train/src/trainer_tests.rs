@@ -9,11 +9,11 @@ use burn::tensor::{Device, Tensor, TensorData};
 use decision_data::State;
 use decision_data::r#gen::{GenOptions, RulesVersion, generate};
 
-use crate::config::Qwen3Config;
-use crate::decision_model::DecisionModel;
-use crate::lora::{self, LoraSpec};
 use crate::loss::{LossTargets, batch_loss};
-use crate::model::{Batch, Qwen3, init_random};
+use crate::model::config::Qwen3Config;
+use crate::model::decision_model::DecisionModel;
+use crate::model::lora::{self, LoraSpec};
+use crate::model::qwen3::{Batch, Qwen3, init_random};
 use crate::optim::{AdamW, AdamWSettings};
 use crate::run_config::RunConfig;
 use crate::trainer::{TrainOptions, train};
@@ -228,7 +228,7 @@ fn lora_merge_equals_unmerged() {
 }
 
 fn weights_of(model: &Qwen3) -> Vec<(String, Vec<f32>)> {
-    crate::weights::hf_tensors(model)
+    crate::model::weights::hf_tensors(model)
         .map(|t| (t.name, t.data))
         .collect()
 }
@@ -684,9 +684,9 @@ fn lora_run_writes_merged_model_and_adapter() {
         .take(4)
         .map(|s| merged.encode(s).unwrap())
         .collect();
-    let refs: Vec<&crate::Encoded> = enc.iter().collect();
-    let a = crate::score::label_logits(&merged.model, &refs, merged.pad_id);
-    let b = crate::score::label_logits(&with_adapter, &refs, merged.pad_id);
+    let refs: Vec<&decision_prompt::Encoded> = enc.iter().collect();
+    let a = crate::model::score::label_logits(&merged.model, &refs, merged.pad_id);
+    let b = crate::model::score::label_logits(&with_adapter, &refs, merged.pad_id);
     assert_eq!(
         a.iter().map(Vec::len).collect::<Vec<_>>(),
         b.iter().map(Vec::len).collect::<Vec<_>>()
@@ -856,7 +856,7 @@ fn recompute_trains_the_same_model_and_resumes() {
         (values, t.shape()[1])
     };
     let ((before, h), (after, _)) = (embed(&base), embed(&t2.join("final")));
-    let tok = crate::tokenizer::load(&base.join("tokenizer.json")).unwrap();
+    let tok = decision_prompt::tokenizer::load(&base.join("tokenizer.json")).unwrap();
     let mut want: Vec<usize> = ["lookup_order", "A"]
         .iter()
         .map(|t| tok.token_to_id(t).unwrap() as usize)
@@ -1141,7 +1141,7 @@ fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
 /// and agrees with the f32 model to f16's rounding of the other products.
 #[test]
 fn an_overflowing_f16_product_is_named_and_computed_in_f32() {
-    use crate::f16_safety::{ProductChecks, promote};
+    use crate::model::f16_safety::{ProductChecks, promote};
     use burn::tensor::FloatDType;
     let _rng = device_rng();
     let device = Device::flex();
@@ -1184,7 +1184,7 @@ fn an_overflowing_f16_product_is_named_and_computed_in_f32() {
 /// pass and divided after, they match the f32 base's (to f16's rounding).
 #[test]
 fn loss_scaling_keeps_gradients_an_f16_base_would_flush_to_zero() {
-    use crate::f16_safety::LossScaler;
+    use crate::model::f16_safety::LossScaler;
     use burn::tensor::FloatDType;
     let _rng = device_rng();
     let device = Device::flex();
@@ -1212,7 +1212,7 @@ fn loss_scaling_keeps_gradients_an_f16_base_would_flush_to_zero() {
                 .model
                 .norm
                 .forward(decoded.narrow(1, s - 1, 1).reshape([b, h]));
-            let logits = crate::model::in_f32(model.token_logits(last, &LABELS));
+            let logits = crate::model::qwen3::in_f32(model.token_logits(last, &LABELS));
             let t = LossTargets::build(&[(3, 1, Some(vec![0.2, 0.7, 0.1])), (2, 0, None)], 0.3);
             let (absent, q, onehot) = t.tensors(&logits.device());
             batch_loss(logits, absent, q, onehot, 0.5).mul_scalar(factor)

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use decision_train::hub::HubEnv;
-use decision_train::model::Batch;
-use decision_train::weights::{self, HfTensor, SaveDtype, WeightSource};
+use decision_train::model::hub::HubEnv;
+use decision_train::model::qwen3::Batch;
+use decision_train::model::weights::{self, HfTensor, SaveDtype, WeightSource};
 use decision_train::{DecisionModel, LoadOptions};
 
 #[path = "../../tests/support/checkers.rs"]
@@ -173,7 +173,7 @@ fn saved_model_reloads_identically_in_hf_layout() {
         assert_eq!(a, b, "{name}: weights changed in a save/load round trip");
         // Same names and shapes as the checkpoint transformers wrote.
         let orig = weights::weight_files(&fixture(name)).unwrap();
-        let ckpt = weights::Checkpoint::open_files(&orig).unwrap();
+        let ckpt = weights::SafetensorsDir::open_files(&orig).unwrap();
         for t in &a {
             assert_eq!(
                 ckpt.shape(&t.name).as_ref(),

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use decision_train::model::Batch;
+use decision_train::model::qwen3::Batch;
 use decision_train::{DecisionModel, LoadOptions};
 use serde_json::Value;
 
@@ -226,9 +226,11 @@ fn peft_adapter_with_trainable_tokens_matches_peft() {
     };
 
     let base = load(&export.join("tiny"));
-    let (model, spec, _) =
-        decision_train::lora::load_peft(base.model.clone(), &export.join("tiny-lora-tokens"))
-            .unwrap();
+    let (model, spec, _) = decision_train::model::lora::load_peft(
+        base.model.clone(),
+        &export.join("tiny-lora-tokens"),
+    )
+    .unwrap();
     assert_eq!(spec.tokens.len(), 2, "{spec:?}");
     let unmerged = max_abs_diff(&scaled(&model), &want);
     assert!(unmerged < TOL, "unmerged: {unmerged}");
@@ -238,7 +240,7 @@ fn peft_adapter_with_trainable_tokens_matches_peft() {
     let without = max_abs_diff(&scaled(&rows_dropped), &want);
     assert!(without > 1e-2, "the token rows change nothing: {without}");
 
-    let merged = decision_train::lora::merge(model);
+    let merged = decision_train::model::lora::merge(model);
     assert!(merged.tokens.is_none());
     let merged = max_abs_diff(&scaled(&merged), &want);
     assert!(merged < TOL, "merged: {merged}");

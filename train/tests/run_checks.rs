@@ -7,8 +7,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use decision_train::cli::{EvalArgs, ScoreArgs};
+use decision_train::model::weights::{self, HfTensor, SaveDtype};
 use decision_train::run::{eval as run_eval, score as run_score};
-use decision_train::weights::{self, HfTensor, SaveDtype};
 use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
 
 fn fixture(rel: &str) -> PathBuf {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use decision_data::State;
-use decision_train::spec::{DecisionSpec, PromptTemplate};
+use decision_prompt::spec::{DecisionSpec, PromptTemplate};
 use decision_train::{DecisionModel, LoadOptions};
 
 fn fixture(name: &str) -> PathBuf {
@@ -126,7 +126,7 @@ fn temperature_applies_per_decision_point() {
         let temp = if st.point == "tool" { 2.5 } else { 0.5 };
         assert_eq!(t.temperature, temp);
         let raw: Vec<f64> = p.logits.clone();
-        let (want, _) = decision_train::score::softmax_t(&raw, temp);
+        let (want, _) = decision_train::model::score::softmax_t(&raw, temp);
         assert_eq!(want.len(), t.probs.len());
         for (a, b) in want.iter().zip(&t.probs) {
             assert!((a - b).abs() < 1e-6, "{}: {a} vs {b}", st.id);

@@ -37,7 +37,7 @@ fn minimal_autotune() {
 /// has no adapter.
 fn gpu(test: &str) -> Option<burn::tensor::Device> {
     minimal_autotune();
-    match decision_train::backend::device(Backend::Wgpu) {
+    match decision_train::model::backend::device(Backend::Wgpu) {
         Ok(d) => Some(d),
         Err(e) if format!("{e:#}").contains("no usable GPU adapter") => {
             checkers::not_run(test, "vulkan", &format!("{e:#}"));
@@ -200,15 +200,16 @@ fn wgpu_names_its_compiler_and_auto_takes_what_the_device_computes() {
     else {
         return;
     };
-    let adapter = decision_train::backend::wgpu_adapter().unwrap();
+    let adapter = decision_train::model::backend::wgpu_adapter().unwrap();
     let want = match adapter.backend.as_str() {
         "Vulkan" => "SPIR-V",
         "Metal" => "MSL",
         _ => "WGSL",
     };
     assert_eq!(adapter.compiler, want, "{adapter:?}");
-    let auto = decision_train::backend::resolve_precision(&device, Backend::Wgpu, Precision::Auto)
-        .unwrap();
+    let auto =
+        decision_train::model::backend::resolve_precision(&device, Backend::Wgpu, Precision::Auto)
+            .unwrap();
     assert_eq!(auto, adapter.precisions[0]);
     if adapter.name.contains("llvmpipe") {
         // Mesa's software driver: f16 and f32 through Vulkan (no bf16), f32 alone through OpenGL
@@ -219,13 +220,17 @@ fn wgpu_names_its_compiler_and_auto_takes_what_the_device_computes() {
         assert_eq!(auto, want, "{adapter:?}");
     }
     assert_eq!(
-        decision_train::backend::resolve_precision(&device, Backend::Wgpu, Precision::F32).unwrap(),
+        decision_train::model::backend::resolve_precision(&device, Backend::Wgpu, Precision::F32)
+            .unwrap(),
         Precision::F32
     );
     if !adapter.precisions.contains(&Precision::Bf16) {
-        let err =
-            decision_train::backend::resolve_precision(&device, Backend::Wgpu, Precision::Bf16)
-                .unwrap_err();
+        let err = decision_train::model::backend::resolve_precision(
+            &device,
+            Backend::Wgpu,
+            Precision::Bf16,
+        )
+        .unwrap_err();
         assert!(
             format!("{err:#}").contains("does not compute bf16"),
             "{err:#}"
@@ -249,7 +254,7 @@ fn wgpu_trains_a_lora_run_like_the_cpu() {
     if gpu(test).is_none() {
         return;
     }
-    let adapter = decision_train::backend::wgpu_adapter().unwrap();
+    let adapter = decision_train::model::backend::wgpu_adapter().unwrap();
     if adapter.is_software() {
         checkers::not_run(
             test,

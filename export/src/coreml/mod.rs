@@ -34,7 +34,6 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::graph::{DType, Graph};
-use crate::progress;
 pub use lower::{OPSET, WEIGHTS_PATH};
 use package::Layout;
 pub use package::PACKAGE_DIR;
@@ -254,7 +253,7 @@ pub fn write_coreml(graph: &Graph, opts: CoremlOptions, dir: &Path) -> Result<Co
         .with_context(|| format!("creating {}", layout.weights_dir().display()))?;
     let weights = layout.weights();
     let mut f = AtomicFile::create(&weights)?;
-    let bar = progress::bar(plan.blobs().len() as u64, "writing Core ML weights");
+    let bar = decision_data::progress::task(plan.blobs().len() as u64, "writing Core ML weights");
     blob::write_blobs(&plan, graph, &mut f, &mut || bar.inc(1))
         .with_context(|| format!("writing {}", weights.display()))?;
     bar.finish_and_clear();

@@ -43,7 +43,7 @@ use anyhow::{Context, Result, bail};
 pub use qwen3::{GraphOptions, build_qwen3, expected_weights};
 
 use crate::Qwen3Config;
-use crate::weights::WeightSource;
+use decision_train::model::weights::WeightSource;
 
 /// The value written into [`Op::AttentionBias`] at masked positions. Finite on purpose: a fully
 /// masked row (a padding query) then softmaxes to finite values instead of NaN, so padding can never

@@ -11,7 +11,7 @@ use super::{
     ValueType,
 };
 use crate::Qwen3Config;
-use crate::weights::WeightSource;
+use decision_train::model::weights::WeightSource;
 
 /// How to build the graph.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,7 +33,7 @@ impl Default for GraphOptions {
 }
 
 /// The weight names (and shapes) a Qwen3 checkpoint with this config must hold: training's list.
-pub use decision_train::weights::expected_tensors as expected_weights;
+pub use decision_train::model::weights::expected_tensors as expected_weights;
 
 struct Builder {
     values: Vec<ValueType>,
@@ -159,7 +159,7 @@ pub fn build_qwen3(
             opts.temperature
         );
     }
-    decision_train::weights::check_tensors(cfg, weights.as_ref(), "the export")?;
+    decision_train::model::weights::check_tensors(cfg, weights.as_ref(), "the export")?;
     let dt = opts.dtype;
     let eps = cfg.rms_norm_eps as f32;
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
@@ -396,7 +396,7 @@ pub fn build_qwen3(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::MemorySource;
+    use decision_train::model::weights::MemorySource;
 
     pub(crate) fn tiny_config(tied: bool) -> Qwen3Config {
         Qwen3Config {

@@ -22,7 +22,6 @@ use decision_data::atomic::AtomicFile;
 use prost::Message;
 
 use crate::graph::{DType, Graph};
-use crate::progress;
 
 /// The generated ONNX message types.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -98,7 +97,7 @@ pub fn write_onnx(graph: &Graph, opts: OnnxOptions, dir: &Path) -> Result<OnnxFi
         None
     };
     let mut offset: u64 = 0;
-    let bar = progress::bar(lowered.weights.len() as u64, "writing ONNX weights");
+    let bar = decision_data::progress::task(lowered.weights.len() as u64, "writing ONNX weights");
     for w in &mut lowered.weights {
         let bytes = lowered_weight_bytes(graph, w)?;
         match data_file.as_mut() {

@@ -14,7 +14,7 @@
 //! shaped only as a wrong option, and low-rank updates of the projections alone may not set it
 //! apart (docs/results.md, "bf16 at the tiny size").
 //!
-//! The PEFT files ([`save_peft`], [`load_peft`]) are read and written by [`crate::peft`], in
+//! The PEFT files ([`save_peft`], [`load_peft`]) are read and written by [`crate::model::peft`], in
 //! PEFT's exact layout.
 
 use std::collections::BTreeMap;
@@ -26,8 +26,8 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
-use crate::model::{Proj, Qwen3, TrainableTokens};
-use crate::peft::{BaseShape, LoraPair, Matrix, PROJECTIONS, PeftAdapter, TokenRows};
+use crate::model::peft::{BaseShape, LoraPair, Matrix, PROJECTIONS, PeftAdapter, TokenRows};
+use crate::model::qwen3::{Proj, Qwen3, TrainableTokens};
 
 /// One adapter: `delta(x) = s · (dropout(x) · A) · B`.
 #[derive(Module, Debug)]
@@ -360,7 +360,7 @@ pub fn load_peft(model: Qwen3, dir: &Path) -> Result<(Qwen3, LoraSpec, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Qwen3Config;
+    use crate::model::config::Qwen3Config;
 
     /// PEFT's rsLoRA scales `B·A` by `alpha / sqrt(r)` (not `alpha / r`), and every reader says so
     /// alike: the files' reader (what the exporter merges), training's loader, and what training
@@ -419,7 +419,7 @@ mod tests {
         assert!((delta[0] as f64 - 4.0 * by_hand).abs() < 1e-5);
 
         let device = Device::flex();
-        let model = crate::model::init_random(&cfg, 0.3, &device);
+        let model = crate::model::qwen3::init_random(&cfg, 0.3, &device);
         let (model, spec, _) = load_peft(model, dir.path()).unwrap();
         let layers = &model.model.layers;
         assert!(layers[0].self_attn.q_proj.lora.is_none());

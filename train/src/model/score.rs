@@ -4,8 +4,8 @@
 use anyhow::{Result, bail};
 use burn::tensor::DType;
 
-use crate::Encoded;
-use crate::model::{Batch, Qwen3};
+use crate::model::qwen3::{Batch, Qwen3};
+use decision_prompt::Encoded;
 
 /// One state's result. `probs` and `logits` are aligned with the state's candidates.
 #[derive(Debug, Clone, PartialEq)]

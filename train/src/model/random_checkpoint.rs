@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail};
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
 
-use crate::config::Qwen3Config;
-use crate::weights::{INDEX_FILE, expected_tensors};
+use crate::model::config::Qwen3Config;
+use crate::model::weights::{INDEX_FILE, expected_tensors};
 
 /// Write `cfg`'s tensors with random values into `dir`: normal(0, `std`) for matrices, ones for
 /// norms, zeros for biases (transformers' `_init_weights`), in bf16 (`width` 2) or f32 (4).
@@ -176,10 +176,10 @@ pub fn write_download(
         std::fs::copy(c, dir.join("tokenizer_config.json"))?;
     }
     write_bpe_tables(&tokenizer_json, dir)?;
-    let tok = crate::tokenizer::load(&tokenizer_json)?;
+    let tok = decision_prompt::tokenizer::load(&tokenizer_json)?;
     let generation = serde_json::json!({
         "bos_token_id": config["bos_token_id"], "eos_token_id": [config["eos_token_id"]],
-        "pad_token_id": crate::tokenizer::pad_id(&tok), "do_sample": true,
+        "pad_token_id": decision_prompt::tokenizer::pad_id(&tok), "do_sample": true,
         "temperature": 0.6, "top_k": 20, "top_p": 0.95,
     });
     std::fs::write(

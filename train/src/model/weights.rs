@@ -18,8 +18,8 @@ use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
 
-use crate::config::Qwen3Config;
-use crate::model::{
+use crate::model::config::Qwen3Config;
+use crate::model::qwen3::{
     Attention, DecoderLayer, Embedding, LmHead, Mlp, Proj, Qwen3, Qwen3Model, RmsNorm,
 };
 
@@ -45,13 +45,13 @@ pub enum SaveDtype {
 
 /// A run's `final/` keeps the dtype its weights were trained in: a bf16 base with merged
 /// adapters is already rounded to bf16, so an f32 copy would only double the file.
-impl From<crate::backend::Precision> for SaveDtype {
-    fn from(p: crate::backend::Precision) -> Self {
+impl From<crate::model::backend::Precision> for SaveDtype {
+    fn from(p: crate::model::backend::Precision) -> Self {
         match p {
-            crate::backend::Precision::F32 => SaveDtype::F32,
-            crate::backend::Precision::F16 => SaveDtype::F16,
-            crate::backend::Precision::Bf16 => SaveDtype::BF16,
-            crate::backend::Precision::Auto => {
+            crate::model::backend::Precision::F32 => SaveDtype::F32,
+            crate::model::backend::Precision::F16 => SaveDtype::F16,
+            crate::model::backend::Precision::Bf16 => SaveDtype::BF16,
+            crate::model::backend::Precision::Auto => {
                 unreachable!("a run resolves `auto` against its device before it saves a model")
             }
         }
@@ -222,7 +222,7 @@ pub fn decode_f32(bytes: &[u8], dtype: StDtype) -> Result<Vec<f32>> {
 }
 
 /// A read-only set of named tensors, converted to f32 on read: a checkpoint on disk
-/// ([`Checkpoint`]), tensors in memory ([`MemorySource`]), or a wrapper such as the exporter's
+/// ([`SafetensorsDir`]), tensors in memory ([`MemorySource`]), or a wrapper such as the exporter's
 /// LoRA merge.
 pub trait WeightSource: Send + Sync {
     /// Every tensor name, sorted.
@@ -299,13 +299,13 @@ struct Mapped {
 }
 
 /// Memory-mapped safetensors files read as one set of names: a model folder's weights
-/// ([`Checkpoint::open`]) or given files ([`Checkpoint::open_files`]).
-pub struct Checkpoint {
+/// ([`SafetensorsDir::open`]) or given files ([`SafetensorsDir::open_files`]).
+pub struct SafetensorsDir {
     files: Vec<Mapped>,
     entries: BTreeMap<String, Entry>,
 }
 
-impl Checkpoint {
+impl SafetensorsDir {
     /// The weights of a model folder: the shards of its index, or its single file
     /// ([`weight_files`]).
     pub fn open(dir: &Path) -> Result<Self> {
@@ -380,7 +380,7 @@ impl Checkpoint {
     }
 }
 
-impl WeightSource for Checkpoint {
+impl WeightSource for SafetensorsDir {
     fn names(&self) -> Vec<String> {
         self.entries.keys().cloned().collect()
     }
@@ -451,7 +451,7 @@ pub fn load_model(
     device: &Device,
     dtype: DType,
 ) -> Result<Qwen3> {
-    let ckpt = Checkpoint::open_files(files)?;
+    let ckpt = SafetensorsDir::open_files(files)?;
     ckpt.check(config, origin)?;
     build_model(config, device, dtype, |name| {
         let data = ckpt.read_f32(name)?;

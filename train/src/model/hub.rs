@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::weights::{INDEX_FILE, SINGLE_FILE, read_index, refuse_pickle};
+use crate::model::weights::{INDEX_FILE, SINGLE_FILE, read_index, refuse_pickle};
 
 /// The Hub settings taken from the environment.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +99,7 @@ impl HubId {
 /// Files a model folder must have (weights are handled separately).
 const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
 /// Files a model folder may have.
-const OPTIONAL: [&str; 2] = [crate::spec::FILE, "generation_config.json"];
+const OPTIONAL: [&str; 2] = [decision_prompt::spec::FILE, "generation_config.json"];
 
 /// Resolve `--model`: an existing folder, else a Hub id. Messages name the source as given; see
 /// [`resolve_as`] to name the flag or key it came from.

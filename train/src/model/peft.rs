@@ -2,7 +2,7 @@
 //! and written in PEFT's exact layout (keys such as
 //! `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), so Python `peft` loads what
 //! we write and we load what it writes. The one reader and writer: training attaches what it reads
-//! to the Burn model ([`crate::lora::load_peft`]), the exporter merges it into the base weights.
+//! to the Burn model ([`crate::model::lora::load_peft`]), the exporter merges it into the base weights.
 //!
 //! Reading is strict: every adapted module of the base model must have exactly its `lora_A` and
 //! `lora_B`, with shapes that fit the base weight; a missing key, an unexpected key or a wrong
@@ -21,8 +21,8 @@ use anyhow::{Context, Result, bail};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Value, json};
 
-use crate::config::Qwen3Config;
-use crate::weights::decode_f32;
+use crate::model::config::Qwen3Config;
+use crate::model::weights::decode_f32;
 
 /// The projections LoRA may adapt in a Qwen3 decoder layer, with their sub-module.
 pub const PROJECTIONS: [(&str, &str); 7] = [

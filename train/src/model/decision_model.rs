@@ -9,14 +9,14 @@ use burn::tensor::DType;
 use decision_data::State;
 use tokenizers::Tokenizer;
 
-use crate::backend::{self, Backend, Precision};
-use crate::config::Qwen3Config;
-use crate::hub::{self, HubEnv, ModelDir};
-use crate::model::Qwen3;
-use crate::score::{self, Scores};
-use crate::spec::{self, DecisionSpec, PromptTemplate};
-use crate::weights::{self, HfTensor, SaveDtype};
-use crate::{Encoded, Prompter};
+use crate::model::backend::{self, Backend, Precision};
+use crate::model::config::Qwen3Config;
+use crate::model::hub::{self, HubEnv, ModelDir};
+use crate::model::qwen3::Qwen3;
+use crate::model::score::{self, Scores};
+use crate::model::weights::{self, HfTensor, SaveDtype};
+use decision_prompt::spec::{self, DecisionSpec, PromptTemplate};
+use decision_prompt::{Encoded, Prompter};
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -43,7 +43,7 @@ pub struct DecisionModel {
 /// The default `decision.json` for a tokenizer: Qwen's chat format (non-thinking) when the
 /// tokenizer has its markers, the plain template otherwise.
 pub fn default_spec(tokenizer: &Tokenizer) -> DecisionSpec {
-    let template = match crate::tokenizer::chat_markers(tokenizer) {
+    let template = match decision_prompt::tokenizer::chat_markers(tokenizer) {
         (true, think) => PromptTemplate::qwen_chat(think),
         (false, _) => PromptTemplate::plain(),
     };
@@ -75,7 +75,7 @@ impl DecisionModel {
                 md.origin
             );
         }
-        let tokenizer = crate::tokenizer::load(&tok_path)?;
+        let tokenizer = decision_prompt::tokenizer::load(&tok_path)?;
         let spec_path = dir.join(spec::FILE);
         let spec = if spec_path.is_file() {
             Some(DecisionSpec::from_file(&spec_path)?)
@@ -111,7 +111,7 @@ impl DecisionModel {
         let prompter = Prompter::new(&spec, tokenizer, config.max_position_embeddings)
             .with_context(|| format!("{origin}: decision prompt"))?;
         spec.label_token_ids = prompter.label_token_ids.clone();
-        let pad_id = crate::tokenizer::pad_id(&prompter.tokenizer);
+        let pad_id = decision_prompt::tokenizer::pad_id(&prompter.tokenizer);
         let device = model.device();
         Ok(Self {
             config,
@@ -181,7 +181,7 @@ impl DecisionModel {
 
     pub fn save_as(&self, dir: &Path, dtype: SaveDtype) -> Result<()> {
         weights::save_model(&self.model, &self.config, dir, dtype)?;
-        crate::tokenizer::save(self.tokenizer(), &dir.join("tokenizer.json"))?;
+        decision_prompt::tokenizer::save(self.tokenizer(), &dir.join("tokenizer.json"))?;
         decision_data::atomic::write_json_atomic(dir.join(spec::FILE), &self.spec)?;
         Ok(())
     }

@@ -15,8 +15,8 @@ use burn::tensor::module::{attention, embedding, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, FloatDType};
 
-use crate::config::Qwen3Config;
-use crate::f16_safety::ProductChecks;
+use crate::model::config::Qwen3Config;
+use crate::model::f16_safety::ProductChecks;
 
 /// A linear projection `y = x·W (+ b)`, with `W` held as `[d_in, d_out]` (Burn's layout; the
 /// checkpoint's `[d_out, d_in]` is transposed on load and save).
@@ -24,8 +24,8 @@ use crate::f16_safety::ProductChecks;
 pub struct Proj {
     pub weight: Param<Tensor<2>>,
     pub bias: Option<Param<Tensor<1>>>,
-    /// A LoRA adapter (trainer, `crate::lora`): adds `s·(x·A)·B` to the output.
-    pub lora: Option<crate::lora::LoraAdapter>,
+    /// A LoRA adapter (trainer, `crate::model::lora`): adds `s·(x·A)·B` to the output.
+    pub lora: Option<crate::model::lora::LoraAdapter>,
 }
 
 impl Proj {

@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::{Bool, DType, FloatDType, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Proj, Qwen3};
+use crate::model::qwen3::{Proj, Qwen3};
 
 /// `[train] f16_overflow`: what a frozen f16 product that overflows does to the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -1,0 +1,24 @@
+//! The model library: everything needed to load, run, adapt and save a Qwen3 decision model,
+//! and nothing of training. The trainer, export, eval and `decision score` are its clients.
+//!
+//! - [`config`]: Qwen3's `config.json`; [`qwen3`]: the network in Burn;
+//! - [`weights`]: safetensors in and out (sharded, bf16/f16/f32), one tensor at a time;
+//!   [`hub`]: Hugging Face Hub ids and the local cache; [`random_checkpoint`]: random
+//!   checkpoints laid out as a download (tests, benchmarks);
+//! - [`lora`]: LoRA adapters on the projections (Burn side) and [`peft`]: their PEFT files;
+//! - [`backend`]: CPU (flex) and GPU (wgpu) devices and precisions; [`f16_safety`]: finite
+//!   checks of f16 products;
+//! - [`decision_model`]: a model with its tokenizer and decision config;
+//!   [`score`]: option logits and probabilities.
+
+pub mod backend;
+pub mod config;
+pub mod decision_model;
+pub mod f16_safety;
+pub mod hub;
+pub mod lora;
+pub mod peft;
+pub mod qwen3;
+pub mod random_checkpoint;
+pub mod score;
+pub mod weights;
