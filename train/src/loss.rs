@@ -14,11 +14,18 @@
 //! `p = softmax(option_logits)`; a batch mixes states with different option counts, so the logits
 //! of absent options are pushed to `-1e9` before the softmax and their targets are zero.
 //!
-//! [`state_loss`] is the plain-float reference (used by the tests and by evaluation);
-//! [`batch_loss`] is the same computation on tensors, differentiable, used by the trainer.
+//! Optionally (`[loss] lm_weight`, off by default) `+ μ · next-token CE` over the prompt's real
+//! tokens, for growing a base from scratch.
+//!
+//! [`state_loss`] is the plain-float reference of the decision loss (used by the tests and by
+//! evaluation); [`batch_loss`] is the same computation on tensors, differentiable; and
+//! [`training_loss`] assembles every term of a training micro-batch from the model's output.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Int, Tensor, TensorData};
+
+use crate::model::qwen3::{Batch, Qwen3, in_f32};
+use crate::run_config::LossSection;
 
 /// Logit given to an absent option slot in a padded batch: its probability underflows to zero.
 pub const ABSENT_LOGIT: f32 = -1e9;
@@ -30,6 +37,19 @@ pub struct LossWeights {
     pub brier_weight: f32,
     /// `λ`: share of the teacher in the target when the teacher agrees with the answer.
     pub teacher_blend: f32,
+    /// `μ`: weight of the auxiliary next-token term ([`next_token_loss`]; 0 = off).
+    pub lm_weight: f32,
+}
+
+impl LossWeights {
+    /// The weights of the run config's `[loss]` section.
+    pub fn new(c: &LossSection) -> Self {
+        Self {
+            brier_weight: c.brier_weight,
+            teacher_blend: c.teacher_blend,
+            lm_weight: c.lm_weight,
+        }
+    }
 }
 
 /// True when the teacher ranks `answer` first (ties for first place included).
@@ -173,11 +193,66 @@ impl LossTargets {
     /// Upload as `(absent, q, onehot)` tensors on `device`.
     pub fn tensors(&self, device: &burn::tensor::Device) -> (Tensor<2>, Tensor<2>, Tensor<2>) {
         let shape = [self.batch, self.options];
-        let t = |v: &Vec<f32>| {
-            Tensor::<2>::from_data(burn::tensor::TensorData::new(v.clone(), shape), device)
-        };
+        let t = |v: &Vec<f32>| Tensor::<2>::from_data(TensorData::new(v.clone(), shape), device);
         (t(&self.absent), t(&self.q), t(&self.onehot))
     }
+}
+
+/// One training micro-batch as the loss sees it: the padded prompts, the targets, and the label
+/// tokens whose logits are the options' logits.
+pub struct MicroBatch {
+    pub batch: Batch,
+    pub targets: LossTargets,
+    /// The first `options` label tokens (`A`, `B`, …) of the model's decision config.
+    pub label_ids: Vec<u32>,
+    /// Prompt tokens in the micro-batch (for tokens/s).
+    pub tokens: u64,
+}
+
+/// The training loss of `mb` from `decoded`, the last decoder layer's output `[b, s, hidden]`
+/// (before the final norm): the decision loss ([`batch_loss`]) on the label-token logits at the
+/// answer slot (the last position), plus `lm_weight ·` [`next_token_loss`] when that is on. In
+/// f32 whatever the model's dtype; a one-element tensor.
+pub fn training_loss(
+    model: &Qwen3,
+    decoded: Tensor<3>,
+    mb: &MicroBatch,
+    w: LossWeights,
+) -> Tensor<1> {
+    let [b, s, h] = decoded.dims();
+    let (last, lm) = if w.lm_weight > 0.0 {
+        let hidden = model.model.norm.forward(decoded);
+        let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
+        (last, Some(lm_term(model, hidden, &mb.batch)))
+    } else {
+        let last = decoded.narrow(1, s - 1, 1).reshape([b, h]);
+        (model.model.norm.forward(last), None)
+    };
+    let logits = in_f32(model.token_logits(last, &mb.label_ids));
+    let (absent, q, onehot) = mb.targets.tensors(&logits.device());
+    let loss = batch_loss(logits, absent, q, onehot, w.brier_weight);
+    match lm {
+        Some(lm) => loss + lm.mul_scalar(w.lm_weight),
+        None => loss,
+    }
+}
+
+/// The next-token term of every real prompt token, from the final-normed hidden states.
+fn lm_term(model: &Qwen3, hidden: Tensor<3>, batch: &Batch) -> Tensor<1> {
+    let [b, s, _] = hidden.dims();
+    let device = hidden.device();
+    let logits = in_f32(model.logits(hidden.narrow(1, 0, s - 1)));
+    let mut next = Vec::with_capacity(b * (s - 1));
+    let mut mask = Vec::with_capacity(b * (s - 1));
+    for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {
+        for t in 0..s - 1 {
+            next.push(ids[t + 1] as i64);
+            mask.push(f32::from(am[t] != 0 && am[t + 1] != 0));
+        }
+    }
+    let next = Tensor::<2, Int>::from_data(TensorData::new(next, [b, s - 1]), &device);
+    let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, s - 1]), &device);
+    next_token_loss(logits, next, mask)
 }
 
 #[cfg(test)]
@@ -187,6 +262,7 @@ mod tests {
     const W: LossWeights = LossWeights {
         brier_weight: 0.5,
         teacher_blend: 0.5,
+        lm_weight: 0.0,
     };
     const LN2: f64 = std::f64::consts::LN_2;
 
@@ -227,6 +303,7 @@ mod tests {
         let w = LossWeights {
             brier_weight: 2.0,
             teacher_blend: 0.0,
+            lm_weight: 0.0,
         };
         close(
             state_loss(&[0.0, 0.0, 2f32.ln()], 2, None, w),
@@ -275,6 +352,7 @@ mod tests {
             let w = LossWeights {
                 brier_weight: case["brier_weight"].as_f64().unwrap() as f32,
                 teacher_blend: case["teacher_blend"].as_f64().unwrap() as f32,
+                lm_weight: 0.0,
             };
             let want = case["loss"].as_f64().unwrap();
             let tol = |x: f64| 1e-5 + 1e-5 * x.abs();

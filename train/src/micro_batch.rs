@@ -1,5 +1,5 @@
 //! One training micro-batch's forward and backward passes: the states encoded into a padded
-//! batch, the loss (decision loss, plus the optional next-token term), and the gradients, with
+//! batch, the loss (`loss::training_loss`), and the gradients, with
 //! the micro-batch split into `[train] shards` that run side by side, `[train] recompute`'s
 //! layer recomputation, the dynamic loss scale and, on an f16 base, the products' overflow
 //! flags (`crate::model::f16_safety`).
@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use decision_data::State;
 
-use crate::loss::{LossTargets, LossWeights, batch_loss};
+use crate::loss::{LossTargets, LossWeights, MicroBatch, training_loss};
 use crate::model::decision_model::DecisionModel;
 use crate::model::f16_safety::ProductChecks;
 use crate::model::qwen3::{Batch, Qwen3};
@@ -32,7 +32,6 @@ pub(crate) struct PassPlan {
     pub grad_accum: usize,
     pub recompute: bool,
     pub weights: LossWeights,
-    pub lm_weight: f32,
     /// Multiplies the loss before the backward pass (1 without dynamic loss scaling).
     pub loss_scale: f32,
     /// Flag the forward pass's f16 products on the device (an f16 base).
@@ -46,7 +45,6 @@ impl PassPlan {
             grad_accum: cfg.optim.grad_accum,
             recompute: cfg.train.recompute,
             weights,
-            lm_weight: cfg.loss.lm_weight,
             loss_scale: 1.0,
             check_products: false,
         }
@@ -82,14 +80,6 @@ pub(crate) fn passes(
         use rayon::prelude::*;
         pieces.par_iter().map(|piece| run_shard(piece)).collect()
     }
-}
-
-/// One training micro-batch on the host.
-struct MicroBatch {
-    batch: Batch,
-    targets: LossTargets,
-    label_ids: Vec<u32>,
-    tokens: u64,
 }
 
 fn micro_batch(dm: &DecisionModel, states: &[State], teacher_blend: f32) -> Result<MicroBatch> {
@@ -142,9 +132,9 @@ fn fresh_leaves(model: &Qwen3) -> Qwen3 {
     model.clone().map(&mut Reroot)
 }
 
-/// Forward and backward over one shard of a micro-batch; the loss is multiplied by `share` (the
-/// shard's share of the batch over the accumulation steps) and the loss scale before the
-/// backward pass.
+/// Forward and backward over one shard of a micro-batch; the loss ([`training_loss`]) is
+/// multiplied by `share` (the shard's share of the batch over the accumulation steps) and the
+/// loss scale before the backward pass.
 fn shard_pass(
     model: &Qwen3,
     dm: &DecisionModel,
@@ -152,31 +142,10 @@ fn shard_pass(
     plan: PassPlan,
     share: f32,
 ) -> Result<ShardOut> {
-    let weights = plan.weights;
-    let mb = micro_batch(dm, states, weights.teacher_blend)?;
-    let lm_weight = plan.lm_weight;
+    let mb = micro_batch(dm, states, plan.weights.teacher_blend)?;
     let scale = share * plan.loss_scale;
     let checks = plan.check_products.then(ProductChecks::new);
-    // The loss from the last decoder layer's output `[b, s, hidden]`, in f32.
-    let head = |decoded: burn::tensor::Tensor<3>| {
-        let [b, s, h] = decoded.dims();
-        let (last, lm) = if lm_weight > 0.0 {
-            let hidden = model.model.norm.forward(decoded);
-            let last = hidden.clone().narrow(1, s - 1, 1).reshape([b, h]);
-            (last, Some(lm_term(model, hidden, &mb.batch)))
-        } else {
-            let last = decoded.narrow(1, s - 1, 1).reshape([b, h]);
-            (model.model.norm.forward(last), None)
-        };
-        let logits = crate::model::qwen3::in_f32(model.token_logits(last, &mb.label_ids));
-        let (absent, q, onehot) = mb.targets.tensors(&logits.device());
-        let loss = batch_loss(logits, absent, q, onehot, weights.brier_weight);
-        let loss = match lm {
-            Some(lm) => loss + lm.mul_scalar(lm_weight),
-            None => loss,
-        };
-        loss.mul_scalar(scale)
-    };
+    let head = |decoded| training_loss(model, decoded, &mb, plan.weights).mul_scalar(scale);
     let (value, grads) = if plan.recompute {
         crate::recompute::loss_and_grads(model, &mb.batch, head, checks.as_ref())
     } else {
@@ -195,27 +164,4 @@ fn shard_pass(
         tokens: mb.tokens,
         overflowed: checks.map(|c| c.overflowed()).unwrap_or_default(),
     })
-}
-
-/// `[loss] lm_weight`'s term: next-token cross-entropy of every real prompt token.
-fn lm_term(
-    model: &Qwen3,
-    hidden: burn::tensor::Tensor<3>,
-    batch: &Batch,
-) -> burn::tensor::Tensor<1> {
-    use burn::tensor::{Int, Tensor, TensorData};
-    let [b, s, _] = hidden.dims();
-    let device = hidden.device();
-    let logits = crate::model::qwen3::in_f32(model.logits(hidden.narrow(1, 0, s - 1)));
-    let mut next = Vec::with_capacity(b * (s - 1));
-    let mut mask = Vec::with_capacity(b * (s - 1));
-    for (ids, am) in batch.input_ids.iter().zip(&batch.attention_mask) {
-        for t in 0..s - 1 {
-            next.push(ids[t + 1] as i64);
-            mask.push(f32::from(am[t] != 0 && am[t + 1] != 0));
-        }
-    }
-    let next = Tensor::<2, Int>::from_data(TensorData::new(next, [b, s - 1]), &device);
-    let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, s - 1]), &device);
-    crate::loss::next_token_loss(logits, next, mask)
 }
