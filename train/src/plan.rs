@@ -391,22 +391,14 @@ pub fn device_memory(backend: Backend, device: &Device) -> Option<DeviceMemory> 
 /// The architecture a run trains, from its config alone (the source's `config.json`, or
 /// `[model.arch]` for a random init), without loading any weights.
 pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
-    use anyhow::Context as _;
     match cfg.model.init {
         crate::run_config::Init::Pretrained => {
             let src = cfg.model.source.as_deref().unwrap_or_default();
             let dir = crate::model::hub::resolve(src, &crate::model::hub::HubEnv::from_env())?;
             Qwen3Config::from_file(&dir.dir.join("config.json"))
         }
-        crate::run_config::Init::Random => {
-            let mut json = serde_json::to_value(cfg.model.arch.as_ref().context("[model.arch]")?)?;
-            json["model_type"] = "qwen3".into();
-            if json.get("vocab_size").is_none() {
-                // The word-level vocabulary is built from the data later; it is small.
-                json["vocab_size"] = 4096.into();
-            }
-            Qwen3Config::from_json(&json).context("[model.arch]")
-        }
+        // The word-level vocabulary is built from the data later; it is small.
+        crate::run_config::Init::Random => Ok(cfg.model.random_arch(4096)?.0),
     }
 }
 

@@ -239,7 +239,7 @@ pub fn attention_backward(
 
 #[cfg(test)]
 mod tests {
-    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::module::{Module, Param};
     use burn::optim::GradientsParams;
     use burn::tensor::ops::AttentionModuleOptions;
     use burn::tensor::{Distribution, Tensor};
@@ -248,6 +248,7 @@ mod tests {
     use crate::loss::{LossTargets, batch_loss};
     use crate::model::config::Qwen3Config;
     use crate::model::qwen3::{Batch, Qwen3, init_random};
+    use crate::trainer_tests::gradients;
 
     fn config(tied: bool) -> Qwen3Config {
         Qwen3Config::from_json(&serde_json::json!({
@@ -278,36 +279,6 @@ mod tests {
             let all = model.logits(hidden).sum().mul_scalar(0.01);
             batch_loss(logits, absent, q, onehot, 0.5) + all
         }
-    }
-
-    /// Every gradient in `grads` as (parameter path, values), in module order.
-    fn gradients(model: &Qwen3, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
-        struct Collect<'a> {
-            grads: &'a GradientsParams,
-            path: Vec<String>,
-            out: Vec<(String, Vec<f32>)>,
-        }
-        impl ModuleVisitor for Collect<'_> {
-            fn enter_module(&mut self, name: &str, _: &str) {
-                self.path.push(name.to_string());
-            }
-            fn exit_module(&mut self, _: &str, _: &str) {
-                self.path.pop();
-            }
-            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-                if let Some(g) = self.grads.get::<D>(p.id) {
-                    let v = g.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-                    self.out.push((self.path.join("."), v));
-                }
-            }
-        }
-        let mut c = Collect {
-            grads,
-            path: Vec::new(),
-            out: Vec::new(),
-        };
-        model.visit(&mut c);
-        c.out
     }
 
     /// Recomputed gradients against the ordinary taped pass: the same parameters, each tensor

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::model::backend::{Backend, Precision};
+use crate::model::config::Qwen3Config;
 use crate::model::f16_safety::{F16Overflow, LossScaleMode};
 
 /// The whole run config.
@@ -71,6 +72,25 @@ pub struct ModelSection {
     /// `"{label}. {text}"`). A pretrained model keeps the template in its decision.json.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub option_template: Option<String>,
+}
+
+impl ModelSection {
+    /// `[model.arch]` as a Qwen3 config (the one place that reads the table): its
+    /// `vocab_size`, or `vocab` when the table leaves it out (the word-level vocabulary built
+    /// from the data). Also the standard deviation of the random weights (`initializer_range`,
+    /// default 0.02).
+    pub fn random_arch(&self, vocab: usize) -> Result<(Qwen3Config, f64)> {
+        let mut json = serde_json::to_value(self.arch.as_ref().context("[model.arch]")?)?;
+        json["model_type"] = "qwen3".into();
+        if json.get("vocab_size").is_none() {
+            json["vocab_size"] = vocab.into();
+        }
+        let std = json
+            .get("initializer_range")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(0.02);
+        Ok((Qwen3Config::from_json(&json).context("[model.arch]")?, std))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -61,7 +61,6 @@ use crate::data_order::{Stream, load_run_states, mix_seed};
 use crate::loss::LossWeights;
 use crate::metrics::Report;
 use crate::micro_batch::PassPlan;
-use crate::model::config::Qwen3Config;
 use crate::model::decision_model::{DecisionModel, LoadOptions};
 use crate::model::f16_safety::F16Overflow;
 use crate::model::lora::{self, LoraSpec};
@@ -395,10 +394,7 @@ impl<'a> Trainer<'a> {
                 total: total_steps,
                 min_ratio: cfg.optim.min_lr_ratio,
             },
-            weights: LossWeights {
-                brier_weight: cfg.loss.brier_weight,
-                teacher_blend: cfg.loss.teacher_blend,
-            },
+            weights: LossWeights::new(&cfg.loss),
             f16_base,
             total_steps,
             params,
@@ -903,18 +899,8 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
                 max_vocab: None,
             };
             let tok = decision_prompt::tokenizer::build_word_level(corpus, &required, &opts)?;
-            let arch = cfg.model.arch.clone().expect("checked");
-            let mut json = serde_json::to_value(&arch)?;
-            json["model_type"] = "qwen3".into();
-            if json.get("vocab_size").is_none() {
-                json["vocab_size"] = tok.get_vocab_size(true).into();
-            }
-            let qcfg = Qwen3Config::from_json(&json).context("[model.arch]")?;
+            let (qcfg, std) = cfg.model.random_arch(tok.get_vocab_size(true))?;
             device.seed(mix_seed(cfg.train.seed, 0x1417, 0));
-            let std = json
-                .get("initializer_range")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(0.02);
             let model = crate::model::qwen3::init_random(&qcfg, std, device);
             DecisionModel::from_parts(qcfg, model, tok, Some(spec), "random init")
         }

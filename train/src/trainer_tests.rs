@@ -9,7 +9,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use decision_data::State;
 use decision_data::r#gen::{GenOptions, RulesVersion, generate};
 
-use crate::loss::{LossTargets, batch_loss};
+use crate::loss::{LossTargets, LossWeights, MicroBatch, batch_loss, training_loss};
 use crate::model::config::Qwen3Config;
 use crate::model::decision_model::DecisionModel;
 use crate::model::lora::{self, LoraSpec};
@@ -81,14 +81,14 @@ impl ModuleMapper for Nudge {
     }
 }
 
-fn grad_of(model: &Qwen3, grads: &GradientsParams, path: &str) -> Vec<f32> {
-    struct Find<'a> {
+/// Every gradient in `grads` as (parameter path, values), in module order.
+pub(crate) fn gradients(model: &Qwen3, grads: &GradientsParams) -> Vec<(String, Vec<f32>)> {
+    struct Collect<'a> {
         grads: &'a GradientsParams,
-        target: &'a str,
         path: Vec<String>,
-        out: Option<Vec<f32>>,
+        out: Vec<(String, Vec<f32>)>,
     }
-    impl burn::module::ModuleVisitor for Find<'_> {
+    impl burn::module::ModuleVisitor for Collect<'_> {
         fn enter_module(&mut self, name: &str, _: &str) {
             self.path.push(name.to_string());
         }
@@ -96,22 +96,28 @@ fn grad_of(model: &Qwen3, grads: &GradientsParams, path: &str) -> Vec<f32> {
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            if self.path.join(".") == self.target {
-                self.out = self
-                    .grads
-                    .get::<D>(p.id)
-                    .map(|g| g.into_data().try_to_vec::<f32>().unwrap());
+            if let Some(g) = self.grads.get::<D>(p.id) {
+                let v = g.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+                self.out.push((self.path.join("."), v));
             }
         }
     }
-    let mut f = Find {
+    let mut c = Collect {
         grads,
-        target: path,
         path: Vec::new(),
-        out: None,
+        out: Vec::new(),
     };
-    model.visit(&mut f);
-    f.out.unwrap_or_else(|| panic!("no gradient for {path}"))
+    model.visit(&mut c);
+    c.out
+}
+
+/// The gradient of the parameter at `path`.
+fn grad_of(model: &Qwen3, grads: &GradientsParams, path: &str) -> Vec<f32> {
+    gradients(model, grads)
+        .into_iter()
+        .find(|(p, _)| p == path)
+        .map(|(_, g)| g)
+        .unwrap_or_else(|| panic!("no gradient for {path}"))
 }
 
 /// The model's gradients (autodiff through attention, RoPE, RMSNorm, SwiGLU, the label-token
@@ -1206,17 +1212,18 @@ fn loss_scaling_keeps_gradients_an_f16_base_would_flush_to_zero() {
                 }
             }
         }
-        let head = |decoded: Tensor<3>| {
-            let [b, s, h] = decoded.dims();
-            let last = model
-                .model
-                .norm
-                .forward(decoded.narrow(1, s - 1, 1).reshape([b, h]));
-            let logits = crate::model::qwen3::in_f32(model.token_logits(last, &LABELS));
-            let t = LossTargets::build(&[(3, 1, Some(vec![0.2, 0.7, 0.1])), (2, 0, None)], 0.3);
-            let (absent, q, onehot) = t.tensors(&logits.device());
-            batch_loss(logits, absent, q, onehot, 0.5).mul_scalar(factor)
+        let mb = MicroBatch {
+            batch: batch(),
+            targets: LossTargets::build(&[(3, 1, Some(vec![0.2, 0.7, 0.1])), (2, 0, None)], 0.3),
+            label_ids: LABELS.to_vec(),
+            tokens: 9,
         };
+        let w = LossWeights {
+            brier_weight: 0.5,
+            teacher_blend: 0.3,
+            lm_weight: 0.0,
+        };
+        let head = |decoded| training_loss(&model, decoded, &mb, w).mul_scalar(factor);
         let (_, g) = crate::recompute::loss_and_grads(&model, &batch(), head, None);
         let mut out = Vec::new();
         for layer in 0..2 {
