@@ -104,7 +104,7 @@ pub struct Manifest {
 }
 
 /// Size and hash of every file in the bundle folder.
-pub fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
+pub(crate) fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
     let bar = decision_data::progress::task(0, "hashing bundle files");
     let entries = list_files(dir)?
         .into_iter()
@@ -126,7 +126,7 @@ pub fn file_entries(dir: &Path) -> Result<Vec<FileEntry>> {
 /// [`Staging::publish`], the folder is removed (with any parent folders it had to create) and
 /// nothing appears at the final path.
 #[derive(Debug)]
-pub struct Staging {
+pub(crate) struct Staging {
     out: PathBuf,
     /// The staging folder, until it is published.
     staged: Option<StagedDir>,
@@ -139,7 +139,7 @@ pub struct Staging {
 /// What `out` holds when it is not something `--force` may replace, in words; `None` when it may
 /// be replaced: an empty folder, or a folder holding a bundle manifest (`manifest.json` with
 /// schema `decision-bundle/...`).
-pub fn not_replaceable(out: &Path) -> Option<String> {
+pub(crate) fn not_replaceable(out: &Path) -> Option<String> {
     let meta = match std::fs::symlink_metadata(out) {
         Ok(m) => m,
         Err(e) => return Some(format!("cannot be read ({e})")),

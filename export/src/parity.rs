@@ -76,7 +76,7 @@ pub trait Scorer {
 
 /// Another scorer's answers, recorded once and replayed by batch: lets the exporter free the
 /// reference model before the exported one is loaded, so the two never share memory.
-pub struct Recorded {
+pub(crate) struct Recorded {
     label: String,
     answers: Vec<(Batch, Scores)>,
 }

@@ -39,7 +39,7 @@ pub fn read(path: &Path, max_options: usize, limit: usize) -> Result<Vec<State>>
 /// The option counts probed for a model that takes up to `max_options`: every count from 2 to 6,
 /// then about ×1.5 apart (8, 12, 18, …), and `max_options` itself, so the widest decision the
 /// model accepts is always run.
-pub fn option_counts(max_options: usize) -> Vec<usize> {
+pub(crate) fn option_counts(max_options: usize) -> Vec<usize> {
     let widest = max_options.max(2);
     let mut counts: Vec<usize> = (2..=widest.min(6)).collect();
     let mut k = 8;

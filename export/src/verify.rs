@@ -151,7 +151,7 @@ fn check_decision(dir: &Path, v: &mut Verdict) {
 }
 
 /// `thresholds.json` against contracts section 4 (its one reader, `decision_data::contract`).
-pub fn check_thresholds(path: &Path) -> Result<()> {
+pub(crate) fn check_thresholds(path: &Path) -> Result<()> {
     decision_data::contract::thresholds::ThresholdsFile::read(path).map(|_| ())
 }
 

@@ -92,7 +92,7 @@ pub struct BucketSums {
 }
 
 impl BucketSums {
-    pub fn confidence_sum(&self) -> f64 {
+    pub(crate) fn confidence_sum(&self) -> f64 {
         self.confidence_units as f64 / UNIT
     }
 }
@@ -153,7 +153,7 @@ impl PointAgg {
     }
 
     /// Count one record (`w` = 1) or take one back (`w` = -1).
-    pub fn add_facts(&mut self, f: &Facts, w: i64) {
+    pub(crate) fn add_facts(&mut self, f: &Facts, w: i64) {
         let c = &mut self.counts;
         bump(&mut c.valid, w);
         let Some(confidence) = f.confidence else {
@@ -258,7 +258,7 @@ impl PointAgg {
     }
 
     /// Judged counts per bucket, bottom to top (the policies' input).
-    pub fn bucket_counts(&self) -> Vec<BucketCount> {
+    pub(crate) fn bucket_counts(&self) -> Vec<BucketCount> {
         self.buckets
             .iter()
             .map(|b| BucketCount {

@@ -12,7 +12,7 @@
 //! when its lower bound clears the target).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use decision_data::contract::thresholds::ThresholdsFile;
@@ -24,18 +24,14 @@ use crate::thresholds::PointFit;
 
 /// A previous thresholds.json, read and checked by the contract's one reader.
 #[derive(Debug, Clone)]
-pub struct Previous {
+pub(crate) struct Previous {
     pub file: ThresholdsFile,
-    pub path: PathBuf,
 }
 
 impl Previous {
     pub fn read(path: &Path) -> Result<Previous> {
         let file = ThresholdsFile::read(path).context("--previous: refusing to compare")?;
-        Ok(Previous {
-            file,
-            path: path.to_path_buf(),
-        })
+        Ok(Previous { file })
     }
 
     /// The old thresholds to count above, per point.

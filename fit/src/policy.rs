@@ -69,7 +69,7 @@ impl Buckets {
 
 /// Counts of the judged records of one bucket.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct BucketCount {
+pub(crate) struct BucketCount {
     pub n: u64,
     pub success: u64,
 }

@@ -14,7 +14,7 @@ use crate::thresholds::{PointFit, Thresholds};
 /// One point of a risk–coverage curve: at threshold `t`, the share of valid records that would be
 /// auto-accepted and the error rate of the judged ones among them.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RiskCoverage {
+pub(crate) struct RiskCoverage {
     pub threshold: f64,
     pub coverage: f64,
     pub risk: f64,
@@ -23,7 +23,7 @@ pub struct RiskCoverage {
 
 /// The curve over the bucket edges, from the highest threshold down (edges with no judged record
 /// at or above them are left out).
-pub fn risk_coverage(p: &PointFit) -> Vec<RiskCoverage> {
+pub(crate) fn risk_coverage(p: &PointFit) -> Vec<RiskCoverage> {
     let mut out = Vec::new();
     let (mut acc, mut n, mut s) = (0u64, 0u64, 0u64);
     for b in p.buckets.iter().rev() {
@@ -54,7 +54,7 @@ const W: u32 = 460;
 const H: u32 = 320;
 
 /// Reliability diagram as an SVG string.
-pub fn reliability_svg(name: &str, p: &PointFit) -> Result<String> {
+pub(crate) fn reliability_svg(name: &str, p: &PointFit) -> Result<String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
@@ -123,7 +123,7 @@ pub fn reliability_svg(name: &str, p: &PointFit) -> Result<String> {
 }
 
 /// Risk–coverage curve as an SVG string.
-pub fn risk_coverage_svg(name: &str, p: &PointFit) -> Result<String> {
+pub(crate) fn risk_coverage_svg(name: &str, p: &PointFit) -> Result<String> {
     let curve = risk_coverage(p);
     let max_risk = curve
         .iter()
@@ -252,7 +252,7 @@ fn bucket_table(p: &PointFit) -> String {
 }
 
 /// report.md: the same content as the HTML without the charts.
-pub fn markdown(
+pub(crate) fn markdown(
     t: &Thresholds,
     drift_rows: Option<&[DriftRow]>,
     bad_lines: &[String],

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use crate::metrics::ScoredState;
 use decision_prompt::spec::{DecisionSpec, TemperatureClamp};
 
-pub const T_MIN: f64 = 0.05;
-pub const T_MAX: f64 = 20.0;
+pub(crate) const T_MIN: f64 = 0.05;
+pub(crate) const T_MAX: f64 = 20.0;
 
 /// The fitted temperatures: a global one and one per decision point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,12 +47,12 @@ impl Default for Temperatures {
 }
 
 impl Temperatures {
-    pub fn for_point(&self, point: &str) -> f32 {
+    pub(crate) fn for_point(&self, point: &str) -> f32 {
         self.points.get(point).copied().unwrap_or(self.global)
     }
 
     /// Store the temperatures in `spec` (`decision.json`), clamps included.
-    pub fn record_in(&self, spec: &mut DecisionSpec) {
+    pub(crate) fn record_in(&self, spec: &mut DecisionSpec) {
         spec.temperature = self.global as f64;
         spec.temperatures = self
             .points
@@ -64,7 +64,7 @@ impl Temperatures {
     }
 
     /// One warning per temperature that sits at a bound, naming its decision point.
-    pub fn warnings(&self) -> Vec<String> {
+    pub(crate) fn warnings(&self) -> Vec<String> {
         let what = |c: TemperatureClamp| match c {
             TemperatureClamp::Floor => format!(
                 "its floor T = {T_MIN}: the validation NLL was still falling (every state right by \
@@ -117,7 +117,7 @@ fn nll_and_grad(states: &[&ScoredState], beta: f64) -> (f64, f64) {
 
 /// The NLL-minimising temperature of `states`, within [`T_MIN`, `T_MAX`] (1.0 when empty), and
 /// the bound the fit ran into when the minimum lies beyond it.
-pub fn fit_bounded(states: &[&ScoredState]) -> (f32, Option<TemperatureClamp>) {
+pub(crate) fn fit_bounded(states: &[&ScoredState]) -> (f32, Option<TemperatureClamp>) {
     if states.is_empty() {
         return (1.0, None);
     }

@@ -30,15 +30,15 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-pub const COMPLETE: &str = "COMPLETE";
-pub const STATE_FILE: &str = "trainer_state.json";
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-pub const STATE_SCHEMA: &str = "decision-trainer-state/1";
+pub(crate) const COMPLETE: &str = "COMPLETE";
+pub(crate) const STATE_FILE: &str = "trainer_state.json";
+pub(crate) const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub(crate) const STATE_SCHEMA: &str = "decision-trainer-state/1";
 pub const MANIFEST_SCHEMA: &str = "decision-checkpoint/1";
 
 /// Where the data order and the random streams stand; enough to continue a run exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainerState {
+pub(crate) struct TrainerState {
     pub schema: String,
     /// Optimizer steps done.
     pub step: u64,
@@ -81,11 +81,11 @@ impl TrainerState {
     }
 }
 
-pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
+pub(crate) fn checkpoints_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
 }
 
-pub fn step_dir_name(step: u64) -> String {
+pub(crate) fn step_dir_name(step: u64) -> String {
     format!("step-{step:07}")
 }
 
@@ -112,14 +112,14 @@ fn step_dirs(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 }
 
 /// Complete checkpoints, oldest first.
-pub fn list_complete(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn list_complete(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut out = step_dirs(run_dir)?;
     out.retain(|(_, p)| p.join(COMPLETE).is_file());
     Ok(out)
 }
 
 /// The newest complete checkpoint, if any.
-pub fn latest(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+pub(crate) fn latest(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
     Ok(list_complete(run_dir)?.pop())
 }
 
@@ -138,7 +138,7 @@ struct FileHash {
 
 /// How a checkpoint checked out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verified {
+pub(crate) enum Verified {
     /// Every file has the size and SHA-256 its `COMPLETE` manifest records.
     Hashed,
     /// Written before checkpoints recorded hashes (`COMPLETE` holds only `ok`): complete, but
@@ -205,7 +205,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
 /// checkpoint is used instead; an unhashed (older) checkpoint is used with a warning that it was
 /// not verified. `None` when the run has no checkpoint; an error naming every checkpoint and
 /// its fault when there are some but none verifies.
-pub fn newest_verified(
+pub(crate) fn newest_verified(
     run_dir: &Path,
     warn: &mut dyn FnMut(&str),
 ) -> Result<Option<(u64, PathBuf)>> {
@@ -242,7 +242,7 @@ pub fn newest_verified(
 }
 
 /// A checkpoint being written; call [`PendingCheckpoint::commit`] to publish it.
-pub struct PendingCheckpoint {
+pub(crate) struct PendingCheckpoint {
     pub tmp: PathBuf,
     target: PathBuf,
     keep: usize,
@@ -308,7 +308,7 @@ fn seal_tree(dir: &Path, hashes: &mut BTreeMap<String, FileHash>) -> Result<()> 
 pub(crate) use decision_data::atomic::{publish_dir, sync_tree};
 
 /// Keep only the newest `keep` complete checkpoints (at least one).
-pub fn prune(run_dir: &Path, keep: usize) -> Result<()> {
+pub(crate) fn prune(run_dir: &Path, keep: usize) -> Result<()> {
     let all = list_complete(run_dir)?;
     let keep = keep.max(1);
     if all.len() > keep {
@@ -321,7 +321,7 @@ pub fn prune(run_dir: &Path, keep: usize) -> Result<()> {
 }
 
 /// Write named f32 vectors as one safetensors file (1-D tensors).
-pub fn write_tensors(
+pub(crate) fn write_tensors(
     path: &Path,
     tensors: &BTreeMap<String, Vec<f32>>,
     metadata: BTreeMap<String, String>,
@@ -342,10 +342,10 @@ pub fn write_tensors(
 }
 
 /// Named f32 vectors and the file's metadata.
-pub type NamedTensors = (BTreeMap<String, Vec<f32>>, BTreeMap<String, String>);
+pub(crate) type NamedTensors = (BTreeMap<String, Vec<f32>>, BTreeMap<String, String>);
 
 /// Read a file written by [`write_tensors`].
-pub fn read_tensors(path: &Path) -> Result<NamedTensors> {
+pub(crate) fn read_tensors(path: &Path) -> Result<NamedTensors> {
     let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{}: not a safetensors file", path.display()))?;
@@ -381,11 +381,11 @@ fn bytemuck_f32(v: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
-pub fn write_state(dir: &Path, state: &TrainerState) -> Result<()> {
+pub(crate) fn write_state(dir: &Path, state: &TrainerState) -> Result<()> {
     decision_data::atomic::write_json_atomic(dir.join(STATE_FILE), state)
 }
 
-pub fn read_state(dir: &Path) -> Result<TrainerState> {
+pub(crate) fn read_state(dir: &Path) -> Result<TrainerState> {
     let p = dir.join(STATE_FILE);
     let text = fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     let s: TrainerState = serde_json::from_str(&text)

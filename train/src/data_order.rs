@@ -157,7 +157,7 @@ impl<'a> Stream<'a> {
 
 /// Read states (one file, a folder of shards, JSON Lines or Parquet), checked against the
 /// contract. Bad rows fail the run, or with `quarantine` are written there and skipped.
-pub fn load_states(
+pub(crate) fn load_states(
     path: &Path,
     max_options: usize,
     quarantine: Option<&Path>,

@@ -21,7 +21,7 @@ use crate::model::decision_model::DecisionModel;
 
 /// The JSON `--report` writes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EvalReport {
+pub(crate) struct EvalReport {
     pub schema: String,
     pub model: String,
     pub data: String,
@@ -33,7 +33,7 @@ pub struct EvalReport {
 
 /// Raw option logits of every state (temperature 1), in input order; refused, naming the
 /// state, when a state's logits are not finite (they would make receipts `fit` rejects).
-pub fn score_states(
+pub(crate) fn score_states(
     dm: &DecisionModel,
     states: &[State],
     batch_size: usize,
@@ -66,7 +66,7 @@ pub fn score_states(
 }
 
 /// Mean training loss (contract section 2) of labelled states at temperature 1.
-pub fn mean_loss(scored: &[ScoredState], states: &[State], w: LossWeights) -> f64 {
+pub(crate) fn mean_loss(scored: &[ScoredState], states: &[State], w: LossWeights) -> f64 {
     let mut sum = 0.0;
     let mut n = 0usize;
     for (sc, st) in scored.iter().zip(states) {
@@ -141,7 +141,7 @@ pub fn flipped(
 
 /// The states of `path` in `split` (`all` = every row). A row's split is its own `split`
 /// field, or the hash of its task id.
-pub fn states_of_split(path: &Path, split: &str) -> Result<Vec<State>> {
+pub(crate) fn states_of_split(path: &Path, split: &str) -> Result<Vec<State>> {
     let states = crate::data_order::load_states(path, 64, None)?;
     if split == "all" {
         return Ok(states);

@@ -28,11 +28,11 @@ use crate::model::qwen3::{Batch, Qwen3, in_f32};
 use crate::run_config::LossSection;
 
 /// Logit given to an absent option slot in a padded batch: its probability underflows to zero.
-pub const ABSENT_LOGIT: f32 = -1e9;
+pub(crate) const ABSENT_LOGIT: f32 = -1e9;
 
 /// The loss hyper-parameters (`[loss]` in the run config).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LossWeights {
+pub(crate) struct LossWeights {
     /// `β`: weight of the multi-class Brier term.
     pub brier_weight: f32,
     /// `λ`: share of the teacher in the target when the teacher agrees with the answer.
@@ -53,7 +53,7 @@ impl LossWeights {
 }
 
 /// True when the teacher ranks `answer` first (ties for first place included).
-pub fn teacher_agrees(answer: usize, teacher: &[f32]) -> bool {
+pub(crate) fn teacher_agrees(answer: usize, teacher: &[f32]) -> bool {
     let Some(&ta) = teacher.get(answer) else {
         return false;
     };
@@ -92,7 +92,7 @@ pub fn softmax(logits: &[f32]) -> Vec<f64> {
 }
 
 /// Multi-class Brier score Σ_i (p_i − onehot_i)², in [0, 2].
-pub fn brier(probs: &[f64], answer: usize) -> f64 {
+pub(crate) fn brier(probs: &[f64], answer: usize) -> f64 {
     probs
         .iter()
         .enumerate()
@@ -104,7 +104,12 @@ pub fn brier(probs: &[f64], answer: usize) -> f64 {
 }
 
 /// Reference loss of one state from its option logits (temperature 1), in f64.
-pub fn state_loss(logits: &[f32], answer: usize, teacher: Option<&[f32]>, w: LossWeights) -> f64 {
+pub(crate) fn state_loss(
+    logits: &[f32],
+    answer: usize,
+    teacher: Option<&[f32]>,
+    w: LossWeights,
+) -> f64 {
     let p = softmax(logits);
     let q = target(logits.len(), answer, teacher, w.teacher_blend);
     let ce: f64 = q
@@ -125,7 +130,7 @@ pub fn state_loss(logits: &[f32], answer: usize, teacher: Option<&[f32]>, w: Los
 /// * `onehot`: `[batch, options]`, 1 at the answer.
 ///
 /// Returns a one-element tensor.
-pub fn batch_loss(
+pub(crate) fn batch_loss(
     logits: Tensor<2>,
     absent: Tensor<2>,
     q: Tensor<2>,
@@ -147,7 +152,11 @@ pub fn batch_loss(
 /// cross-entropy over the real tokens of the prompts. `logits` `[b, s-1, vocab]` predict
 /// `next` `[b, s-1]`; `mask` `[b, s-1]` is 1 where both the position and its successor are real
 /// tokens (left padding is skipped).
-pub fn next_token_loss(logits: Tensor<3>, next: Tensor<2, Int>, mask: Tensor<2>) -> Tensor<1> {
+pub(crate) fn next_token_loss(
+    logits: Tensor<3>,
+    next: Tensor<2, Int>,
+    mask: Tensor<2>,
+) -> Tensor<1> {
     let log_p = log_softmax(logits, 2);
     let picked = log_p.gather(2, next.unsqueeze_dim(2)).squeeze_dim::<2>(2);
     let count = mask.clone().sum().clamp_min(1.0);
@@ -155,7 +164,7 @@ pub fn next_token_loss(logits: Tensor<3>, next: Tensor<2, Int>, mask: Tensor<2>)
 }
 
 /// Host-side tensors for [`batch_loss`] built from per-state targets.
-pub struct LossTargets {
+pub(crate) struct LossTargets {
     pub absent: Vec<f32>,
     pub q: Vec<f32>,
     pub onehot: Vec<f32>,
@@ -200,7 +209,7 @@ impl LossTargets {
 
 /// One training micro-batch as the loss sees it: the padded prompts, the targets, and the label
 /// tokens whose logits are the options' logits.
-pub struct MicroBatch {
+pub(crate) struct MicroBatch {
     pub batch: Batch,
     pub targets: LossTargets,
     /// The first `options` label tokens (`A`, `B`, …) of the model's decision config.
@@ -213,7 +222,7 @@ pub struct MicroBatch {
 /// (before the final norm): the decision loss ([`batch_loss`]) on the label-token logits at the
 /// answer slot (the last position), plus `lm_weight ·` [`next_token_loss`] when that is on. In
 /// f32 whatever the model's dtype; a one-element tensor.
-pub fn training_loss(
+pub(crate) fn training_loss(
     model: &Qwen3,
     decoded: Tensor<3>,
     mb: &MicroBatch,

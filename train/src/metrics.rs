@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::loss::{brier, softmax};
 
 /// Number of equal-width confidence bins for ECE and the reliability diagram.
-pub const ECE_BINS: usize = 15;
+pub(crate) const ECE_BINS: usize = 15;
 
 /// One evaluated state: its group keys, its option logits (before temperature) and answer.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ pub struct Metrics {
 
 /// One reliability bin.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Bin {
+pub(crate) struct Bin {
     pub lo: f64,
     pub hi: f64,
     pub n: usize,
@@ -93,7 +93,7 @@ pub fn ece(pairs: &[(f64, bool)], bins: usize) -> f64 {
 
 /// Expected calibration error of reliability bins (0 when they are empty)
 /// ([`decision_data::calibration::expected_calibration_error`]).
-pub fn bins_ece(bins: &[Bin]) -> f64 {
+pub(crate) fn bins_ece(bins: &[Bin]) -> f64 {
     decision_data::calibration::expected_calibration_error(
         bins.iter().map(|b| (b.n as u64, b.accuracy, b.confidence)),
     )
@@ -185,7 +185,7 @@ impl Report {
 /// Flips: for each state, the pick in its original order against its picks under `K` other
 /// orders (each mapped back to original candidate indices); a state flips when any of those
 /// picks differs.
-pub fn flips(original_picks: &[usize], permuted_picks: &[Vec<usize>]) -> Vec<bool> {
+pub(crate) fn flips(original_picks: &[usize], permuted_picks: &[Vec<usize>]) -> Vec<bool> {
     original_picks
         .iter()
         .zip(permuted_picks)

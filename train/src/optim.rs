@@ -23,7 +23,7 @@ use burn::tensor::Tensor;
 
 /// AdamW hyper-parameters (from `[optim]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamWSettings {
+pub(crate) struct AdamWSettings {
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -36,7 +36,7 @@ pub struct AdamWSettings {
 /// step `s` (0-based) is `s / warmup` during warmup, then
 /// `min_ratio + (1 − min_ratio) · ½(1 + cos(π · (s − warmup) / (total − warmup)))`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     pub peak: f64,
     pub warmup: u64,
     pub total: u64,
@@ -57,14 +57,14 @@ impl Schedule {
 
 /// First and second moments of one parameter, flattened.
 #[derive(Clone)]
-pub struct Moments {
+pub(crate) struct Moments {
     pub exp_avg: Tensor<1>,
     pub exp_avg_sq: Tensor<1>,
 }
 
 /// The AdamW optimizer state: step count and moments by parameter path.
 #[derive(Clone)]
-pub struct AdamW {
+pub(crate) struct AdamW {
     pub settings: AdamWSettings,
     /// Number of updates applied so far (`t` in the bias correction).
     pub step: u64,
@@ -232,7 +232,7 @@ impl ModuleMapper for UpdateMapper<'_> {
 }
 
 /// The global L2 norm of all gradients held for `module`'s parameters.
-pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
+pub(crate) fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
     struct Norm<'a> {
         grads: &'a GradientsParams,
         sum: Option<Tensor<1>>,
@@ -258,7 +258,7 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
 
 /// The factor that brings the global norm down to `max_norm` (1 when already below), as
 /// `clip_grad_norm_`: `min(1, max_norm / (norm + 1e-6))`. `max_norm <= 0` disables clipping.
-pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
+pub(crate) fn clip_factor(norm: f64, max_norm: f64) -> f64 {
     if max_norm <= 0.0 || !norm.is_finite() {
         return 1.0;
     }

@@ -22,7 +22,7 @@ use crate::run_config::{Mode, RunConfig};
 
 /// The process besides its tensors: binary, tokenizer, states, thread pool. Measured: a tiny
 /// run at batch 1 peaked at 133 MB with 92 MB of planned tensors.
-pub const RUNTIME: u64 = 48 << 20;
+pub(crate) const RUNTIME: u64 = 48 << 20;
 
 /// Bytes of the parts of a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,7 +71,7 @@ fn width(cfg: &RunConfig) -> u64 {
 /// device computes (bf16, else f16, else f32; f32 for full fine-tuning, which trains in f32). An
 /// explicit dtype the device lacks is an error naming those it computes and what each would
 /// plan to.
-pub fn resolve_dtype(cfg: &RunConfig, device: &Device) -> Result<RunConfig> {
+pub(crate) fn resolve_dtype(cfg: &RunConfig, device: &Device) -> Result<RunConfig> {
     let mut out = cfg.clone();
     let supported = backend::supported_precisions(device);
     match cfg.train.dtype {
@@ -358,7 +358,7 @@ pub struct DeviceMemory {
 /// The memory of `backend`'s device: RAM (`MemTotal`) on the CPU, as far as this system says;
 /// on a GPU the largest device-local heap, where its runtime reports one (Vulkan does). `None`
 /// where it cannot be known.
-pub fn device_memory(backend: Backend, device: &Device) -> Option<DeviceMemory> {
+pub(crate) fn device_memory(backend: Backend, device: &Device) -> Option<DeviceMemory> {
     let narrowest = backend::supported_precisions(device)[0];
     match backend {
         Backend::Cpu => {
@@ -406,7 +406,7 @@ pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
 /// the architecture, and the tokenizer with the run's prompt (`decision.json`, or the defaults
 /// for the tokenizer), whose labels must each be one token. `None` for a random init (its
 /// word-level vocabulary is built from the data). Reads no weights.
-pub fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<String>> {
+pub(crate) fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<String>> {
     use anyhow::Context as _;
     if !matches!(cfg.model.init, crate::run_config::Init::Pretrained) {
         return Ok(None);
@@ -476,7 +476,7 @@ pub fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<Str
 
 /// The device memory to plan against: `DECISION_DEVICE_MEMORY` (GiB) when set, else what the
 /// system reports for the backend's `device`.
-pub fn device_limit(backend: Backend, device: &Device) -> Result<Option<DeviceMemory>> {
+pub(crate) fn device_limit(backend: Backend, device: &Device) -> Result<Option<DeviceMemory>> {
     match std::env::var("DECISION_DEVICE_MEMORY") {
         Ok(v) => {
             let gib: f64 = v

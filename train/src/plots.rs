@@ -19,7 +19,7 @@ const MT: f64 = 40.0;
 const MB: f64 = 50.0;
 
 /// A named series of (x, y) points drawn as a polyline.
-pub struct Series<'a> {
+pub(crate) struct Series<'a> {
     pub name: &'a str,
     pub color: &'a str,
     pub points: Vec<(f64, f64)>,
@@ -93,7 +93,7 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// Line chart of the given series; axes fit the data.
-pub fn line_chart(title: &str, xlabel: &str, ylabel: &str, series: &[Series]) -> String {
+pub(crate) fn line_chart(title: &str, xlabel: &str, ylabel: &str, series: &[Series]) -> String {
     let all = series
         .iter()
         .flat_map(|s| s.points.iter())
@@ -153,7 +153,7 @@ pub fn line_chart(title: &str, xlabel: &str, ylabel: &str, series: &[Series]) ->
 
 /// Reliability diagram: per-bin accuracy against mean confidence, before and after temperature
 /// scaling, with the diagonal of perfect calibration and bar heights for the bin counts.
-pub fn reliability_diagram(
+pub(crate) fn reliability_diagram(
     title: &str,
     before: &[Bin],
     after: &[Bin],

@@ -10,7 +10,7 @@ use anyhow::Result;
 use decision_data::{Receipt, ReceiptResult, Shadow, State, Validation};
 
 /// The receipt for `state` given the model's probabilities (aligned with its candidates).
-pub fn shadow_receipt(state: &State, probs: &[f64], model: &str, at: &str) -> Receipt {
+pub(crate) fn shadow_receipt(state: &State, probs: &[f64], model: &str, at: &str) -> Receipt {
     let pick = decision_data::stats::first_max(probs);
     Receipt {
         id: state.id.clone(),
@@ -32,7 +32,7 @@ pub fn shadow_receipt(state: &State, probs: &[f64], model: &str, at: &str) -> Re
 
 /// Write receipts as JSON Lines (the harness's camelCase shape) into `w` (an output opened
 /// before the evaluation).
-pub fn write_receipts_to(w: &mut impl Write, receipts: &[Receipt]) -> Result<()> {
+pub(crate) fn write_receipts_to(w: &mut impl Write, receipts: &[Receipt]) -> Result<()> {
     for r in receipts {
         serde_json::to_writer(&mut *w, r)?;
         w.write_all(b"\n")?;
@@ -41,7 +41,7 @@ pub fn write_receipts_to(w: &mut impl Write, receipts: &[Receipt]) -> Result<()>
 }
 
 /// Current time in RFC 3339 (UTC, seconds).
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 

@@ -31,10 +31,10 @@ use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
 /// 256 MiB per block.
-pub const SCORE_BLOCK: usize = 1 << 26;
+pub(crate) const SCORE_BLOCK: usize = 1 << 26;
 
 /// Query rows per attention block for a batch of `b` rows of `s` tokens and `heads` heads.
-pub fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
+pub(crate) fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
     (SCORE_BLOCK / (b * heads * s).max(1)).clamp(1, s.max(1))
 }
 
@@ -42,7 +42,7 @@ pub fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
 /// gradients of every trainable parameter, by layer recomputation. `model` is on an autodiff
 /// device. A non-finite loss returns no gradients. The forward pass flags its f16 products in
 /// `checks` (the replays compute the same products again, and are not flagged twice).
-pub fn loss_and_grads(
+pub(crate) fn loss_and_grads(
     model: &Qwen3,
     batch: &Batch,
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
@@ -178,7 +178,7 @@ fn grouped(t: &Tensor<4>, kvh: usize, c0: usize, c: usize) -> Tensor<4> {
 /// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`,
 /// in blocks of `chunk` query rows. `q` is `[b, heads, s, d]`, `k` and `v` `[b, kv_heads, s, d]`,
 /// `bias` `[b, 1, s, s]`; returns `[b, heads, s, d]`. f32 throughout.
-pub fn attention_forward(
+pub(crate) fn attention_forward(
     q: &Tensor<4>,
     k: &Tensor<4>,
     v: &Tensor<4>,
@@ -204,7 +204,7 @@ pub fn attention_forward(
 /// gradient `d_out`, block by block: with `P` the block's probabilities,
 /// `dv += Pᵀ·dO`, `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`, `dk += dSᵀ·q`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
+pub(crate) fn attention_backward(
     q: &Tensor<4>,
     k: &Tensor<4>,
     v: &Tensor<4>,

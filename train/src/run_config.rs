@@ -79,7 +79,7 @@ impl ModelSection {
     /// `vocab_size`, or `vocab` when the table leaves it out (the word-level vocabulary built
     /// from the data). Also the standard deviation of the random weights (`initializer_range`,
     /// default 0.02).
-    pub fn random_arch(&self, vocab: usize) -> Result<(Qwen3Config, f64)> {
+    pub(crate) fn random_arch(&self, vocab: usize) -> Result<(Qwen3Config, f64)> {
         let mut json = serde_json::to_value(self.arch.as_ref().context("[model.arch]")?)?;
         json["model_type"] = "qwen3".into();
         if json.get("vocab_size").is_none() {
@@ -172,7 +172,7 @@ impl Default for LoraSection {
 }
 
 /// The projections LoRA may target.
-pub const LORA_TARGETS: [&str; 7] = [
+pub(crate) const LORA_TARGETS: [&str; 7] = [
     "q_proj",
     "k_proj",
     "v_proj",
@@ -372,7 +372,7 @@ impl RunConfig {
     }
 
     /// The resolved config as TOML text (what `run.toml` holds).
-    pub fn to_toml(&self) -> String {
+    pub(crate) fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("run config serialises")
     }
 

@@ -15,13 +15,13 @@ pub const FILE: &str = ".lock";
 
 /// Held for as long as the run writes into its folder; dropping it releases the folder.
 #[derive(Debug)]
-pub struct RunLock {
+pub(crate) struct RunLock {
     path: PathBuf,
 }
 
 impl RunLock {
     /// Lock `run_dir` (which must exist), or say which process holds it.
-    pub fn acquire(run_dir: &Path) -> Result<Self> {
+    pub(crate) fn acquire(run_dir: &Path) -> Result<Self> {
         let path = run_dir.join(FILE);
         for _ in 0..2 {
             match std::fs::OpenOptions::new()

@@ -20,16 +20,16 @@ use anyhow::{Context, Result, bail};
 use crate::graph::{ConstId, DType, Graph};
 
 /// Alignment of every metadata record and every data block.
-pub const ALIGN: u64 = 64;
+pub(crate) const ALIGN: u64 = 64;
 /// The first four bytes of every metadata record.
-pub const SENTINEL: u32 = 0xDEAD_BEEF;
+pub(crate) const SENTINEL: u32 = 0xDEAD_BEEF;
 /// The storage format version this module writes.
 pub const VERSION: u32 = 2;
 /// Size of the file header and of each metadata record.
-pub const RECORD: u64 = 64;
+pub(crate) const RECORD: u64 = 64;
 
 /// The blob dtype code of an element type (Apple's `BlobDataType`: Float16 = 1, Float32 = 2).
-pub fn dtype_code(dtype: DType) -> Result<u32> {
+pub(crate) fn dtype_code(dtype: DType) -> Result<u32> {
     match dtype {
         DType::F16 => Ok(1),
         DType::F32 => Ok(2),
@@ -39,7 +39,7 @@ pub fn dtype_code(dtype: DType) -> Result<u32> {
 
 /// Where a blob's values come from.
 #[derive(Debug, Clone)]
-pub enum BlobSource {
+pub(crate) enum BlobSource {
     /// A constant of the graph, read with [`Graph::const_bytes`] when written.
     Const(ConstId),
     /// Values made by the lowering (a linear layer's zero bias), stored as `dtype`.
@@ -48,7 +48,7 @@ pub enum BlobSource {
 
 /// One planned blob: its source, storage type, and where its metadata record and data go.
 #[derive(Debug, Clone)]
-pub struct Blob {
+pub(crate) struct Blob {
     pub source: BlobSource,
     pub dtype: DType,
     /// Offset of the metadata record (what `blobFileValue.offset` names).
@@ -60,7 +60,7 @@ pub struct Blob {
 
 /// The layout of `weight.bin`, planned before any data is read.
 #[derive(Debug, Default)]
-pub struct BlobPlan {
+pub(crate) struct BlobPlan {
     blobs: Vec<Blob>,
     end: u64,
 }
@@ -92,11 +92,6 @@ impl BlobPlan {
 
     pub fn blobs(&self) -> &[Blob] {
         &self.blobs
-    }
-
-    /// The file's size once written.
-    pub fn file_size(&self) -> u64 {
-        self.end
     }
 }
 
@@ -131,7 +126,7 @@ fn values_bytes(values: &[f32], dtype: DType) -> Result<Vec<u8>> {
 
 /// Stream the planned blobs into `out`, reading each graph constant only when it is written.
 /// `progress` is called once per blob.
-pub fn write_blobs(
+pub(crate) fn write_blobs(
     plan: &BlobPlan,
     graph: &Graph,
     out: &mut dyn Write,
@@ -183,7 +178,7 @@ pub struct Record {
 
 /// Read and check the metadata record at `offset` of a `weight.bin` image: alignment, sentinel,
 /// reserved bytes, and that the data lies inside the file.
-pub fn read_record(file: &[u8], offset: u64) -> Result<Record> {
+pub(crate) fn read_record(file: &[u8], offset: u64) -> Result<Record> {
     if !offset.is_multiple_of(ALIGN) {
         bail!("blob offset {offset} is not a multiple of {ALIGN}");
     }
@@ -226,7 +221,7 @@ pub fn read_record(file: &[u8], offset: u64) -> Result<Record> {
 }
 
 /// Read and check the file header; returns the blob count.
-pub fn read_header(file: &[u8]) -> Result<u32> {
+pub(crate) fn read_header(file: &[u8]) -> Result<u32> {
     let Some(h) = file.get(0..RECORD as usize) else {
         bail!(
             "weight.bin has {} bytes, less than its 64-byte header",
@@ -262,7 +257,7 @@ mod tests {
             .unwrap();
         assert_eq!((a, b, c), (64, 192, 384));
         assert_eq!(plan.blobs()[1].data_offset, 256);
-        assert_eq!(plan.file_size(), 384 + 64 + 4);
+        assert_eq!(plan.end, 384 + 64 + 4);
         assert!(plan.add(BlobSource::Values(vec![]), DType::I64, 0).is_err());
     }
 

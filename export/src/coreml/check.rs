@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::parity::{Batch, Scorer};
 
 /// The check script (also committed as `scripts/check_coreml.py`).
-pub const SCRIPT: &str = include_str!("../../../scripts/check_coreml.py");
+pub(crate) const SCRIPT: &str = include_str!("../../../scripts/check_coreml.py");
 /// Environment variable naming the Python interpreter to use.
-pub const PYTHON_ENV: &str = "DECISION_PYTHON";
+pub(crate) const PYTHON_ENV: &str = "DECISION_PYTHON";
 
 /// One sample state: unpadded tokens (batch 1), and the reference's answer. The field names are
 /// those `decision score --emit-tokens` writes, so its output can be checked directly.
@@ -290,7 +290,7 @@ impl Products {
 /// each also left-padded, fit under it up to about the Qwen3-0.6B size; past it the script
 /// checks fewer and says how many (at the 4B shape: 10 of 27 probe states, 6 minutes on two busy
 /// cores).
-pub const EXPORT_BUDGET: f64 = 2.5e12;
+pub(crate) const EXPORT_BUDGET: f64 = 2.5e12;
 
 /// The script's settings besides the package and the samples.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

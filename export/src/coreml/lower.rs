@@ -24,7 +24,7 @@ use super::pb::mil_spec as mil;
 use crate::graph::{ConstId, DType, Dim, Graph, Op, ValueId, ValueType};
 
 /// The weight file as a program names it.
-pub const WEIGHTS_PATH: &str = "@model_path/weights/weight.bin";
+pub(crate) const WEIGHTS_PATH: &str = "@model_path/weights/weight.bin";
 /// The opset of the program's one block.
 pub const OPSET: &str = "CoreML8";
 /// Float constants with at least this many elements go to `weight.bin` (coremltools' rule).

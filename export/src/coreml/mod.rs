@@ -34,9 +34,10 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::graph::{DType, Graph};
-pub use lower::{OPSET, WEIGHTS_PATH};
+pub use lower::OPSET;
+pub(crate) use lower::WEIGHTS_PATH;
 use package::Layout;
-pub use package::PACKAGE_DIR;
+pub(crate) use package::PACKAGE_DIR;
 
 /// The generated Core ML message types (`CoreML.Specification`, and `MILSpec` inside it).
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -56,7 +57,7 @@ use pb::mil_spec as mil;
 /// Core ML specification version 9: iOS 18 / macOS 15 (the first with `scaled_dot_product_attention`).
 pub const SPECIFICATION_VERSION: i32 = 9;
 /// The ML Program version.
-pub const PROGRAM_VERSION: i64 = 1;
+pub(crate) const PROGRAM_VERSION: i64 = 1;
 /// The program's one function.
 pub const FUNCTION: &str = "main";
 

@@ -18,14 +18,14 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 /// The package's folder name inside a bundle.
-pub const PACKAGE_DIR: &str = "model.mlpackage";
-pub const MANIFEST_FILE: &str = "Manifest.json";
+pub(crate) const PACKAGE_DIR: &str = "model.mlpackage";
+pub(crate) const MANIFEST_FILE: &str = "Manifest.json";
 /// Path of the model item, relative to `Data/`.
-pub const MODEL_ITEM: &str = "com.apple.CoreML/model.mlmodel";
+pub(crate) const MODEL_ITEM: &str = "com.apple.CoreML/model.mlmodel";
 /// Path of the weights item (a folder), relative to `Data/`.
-pub const WEIGHTS_ITEM: &str = "com.apple.CoreML/weights";
-pub const WEIGHT_FILE: &str = "weight.bin";
-pub const AUTHOR: &str = "com.apple.CoreML";
+pub(crate) const WEIGHTS_ITEM: &str = "com.apple.CoreML/weights";
+pub(crate) const WEIGHT_FILE: &str = "weight.bin";
+pub(crate) const AUTHOR: &str = "com.apple.CoreML";
 
 /// Where the files of a package at `root` live.
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ impl Layout {
         self.root.join("Data").join(MODEL_ITEM)
     }
 
-    pub fn weights_dir(&self) -> PathBuf {
+    pub(crate) fn weights_dir(&self) -> PathBuf {
         self.root.join("Data").join(WEIGHTS_ITEM)
     }
 

@@ -48,7 +48,7 @@ use decision_train::model::weights::WeightSource;
 /// The value written into [`Op::AttentionBias`] at masked positions. Finite on purpose: a fully
 /// masked row (a padding query) then softmaxes to finite values instead of NaN, so padding can never
 /// poison the real rows; `exp(-1e4)` is exactly 0 in f32 and f16, so unmasked rows are unaffected.
-pub const MASKED: f32 = -1.0e4;
+pub(crate) const MASKED: f32 = -1.0e4;
 
 /// Element type of a value or constant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,7 +90,7 @@ pub enum Dim {
 
 impl Dim {
     /// The symbolic name of a runtime dimension, `None` for a fixed one.
-    pub fn symbol(self) -> Option<&'static str> {
+    pub(crate) fn symbol(self) -> Option<&'static str> {
         match self {
             Dim::Batch => Some("batch"),
             Dim::Seq => Some("seq"),
@@ -133,7 +133,7 @@ impl ValueType {
     }
 
     /// The last dimension, which every op here requires to be fixed when it reads it.
-    pub fn last_fixed(&self) -> Option<usize> {
+    pub(crate) fn last_fixed(&self) -> Option<usize> {
         self.shape.last().and_then(|d| d.fixed())
     }
 }
@@ -185,7 +185,7 @@ impl Const {
 
 /// The operations. Every op yields one value; its output type is stored with the node.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Op {
+pub(crate) enum Op {
     /// `table[ids]`. `ids`: i64 `[b, s]`; `table`: `[vocab, h]` → `[b, s, h]` in the table's dtype.
     Embedding { table: ConstId, ids: ValueId },
     /// `x · weightᵀ (+ bias)`. `weight` in Hugging Face layout `[out, in]` (ONNX writers transpose
@@ -338,7 +338,7 @@ impl Op {
 /// One step of the program: `output = op(..)`, with a readable, unique `name`
 /// (`layers.3.self_attn.q_proj`) that writers use for their node names.
 #[derive(Debug, Clone)]
-pub struct Node {
+pub(crate) struct Node {
     pub name: String,
     pub op: Op,
     pub output: ValueId,
@@ -379,7 +379,7 @@ impl Graph {
     }
 
     /// The program, in topological order.
-    pub fn nodes(&self) -> &[Node] {
+    pub(crate) fn nodes(&self) -> &[Node] {
         &self.nodes
     }
 
@@ -401,7 +401,7 @@ impl Graph {
     }
 
     /// A constant's values as f32 (whatever its storage dtype), row-major, shape-checked.
-    pub fn const_f32(&self, id: ConstId) -> Result<Vec<f32>> {
+    pub(crate) fn const_f32(&self, id: ConstId) -> Result<Vec<f32>> {
         let c = self.constant(id);
         let data = match &c.source {
             ConstSource::Values(v) => v.clone(),
@@ -420,7 +420,7 @@ impl Graph {
     }
 
     /// A constant's bytes in its storage dtype, little-endian (f16 by round-to-nearest-even).
-    pub fn const_bytes(&self, id: ConstId) -> Result<Vec<u8>> {
+    pub(crate) fn const_bytes(&self, id: ConstId) -> Result<Vec<u8>> {
         let c = self.constant(id);
         let data = self.const_f32(id)?;
         Ok(match c.dtype {
@@ -437,7 +437,7 @@ impl Graph {
     }
 
     /// Total bytes of all constants in their storage dtypes.
-    pub fn const_bytes_total(&self) -> u64 {
+    pub(crate) fn const_bytes_total(&self) -> u64 {
         self.consts
             .iter()
             .map(|c| (c.numel() * c.dtype.size()) as u64)

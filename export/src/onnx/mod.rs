@@ -35,7 +35,7 @@ pub const MODEL_FILE: &str = "model.onnx";
 pub const DATA_FILE: &str = "model.onnx.data";
 /// Above this many bytes of weights the model is written with external data: a protobuf message
 /// cannot exceed 2 GiB, and the graph itself needs some room.
-pub const INLINE_LIMIT: u64 = 2_000_000_000;
+pub(crate) const INLINE_LIMIT: u64 = 2_000_000_000;
 /// Alignment of every tensor in `model.onnx.data` (a page, so a runtime can memory-map each one).
 pub const DATA_ALIGN: u64 = 4096;
 
@@ -191,7 +191,7 @@ pub fn read_model(path: &Path) -> Result<pb::ModelProto> {
 }
 
 /// The opset version a model imports for the default domain.
-pub fn model_opset(model: &pb::ModelProto) -> Option<i64> {
+pub(crate) fn model_opset(model: &pb::ModelProto) -> Option<i64> {
     model
         .opset_import
         .iter()

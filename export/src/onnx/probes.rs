@@ -19,7 +19,7 @@ use crate::source::BurnScorer;
 /// The bundle file holding the probe states, as tokens, with the export's reference answers:
 /// `bundle verify` runs them through the bundle's model again (see [`super::verify`]).
 pub const PROBES_FILE: &str = "probes.json";
-pub const PROBES_SCHEMA: &str = "decision-probes/1";
+pub(crate) const PROBES_SCHEMA: &str = "decision-probes/1";
 
 /// `probes.json`: one batch-1 sample per probe state ([`probes`]), named by the state's id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -34,7 +34,7 @@ pub enum Precision {
 impl Precision {
     /// The concrete precisions in the order `auto` prefers them: half the memory of f32 first,
     /// and of the two halves bf16, whose range is f32's (f16 overflows at 65 504).
-    pub const PREFERENCE: [Precision; 3] = [Precision::Bf16, Precision::F16, Precision::F32];
+    pub(crate) const PREFERENCE: [Precision; 3] = [Precision::Bf16, Precision::F16, Precision::F32];
 
     /// `bf16, f16, f32`: precisions as messages list them.
     pub fn names(ps: &[Precision]) -> String {
@@ -358,7 +358,7 @@ fn init_wgpu() -> std::result::Result<(Device, AdapterSummary), String> {
 /// What went wrong on a GPU, read from the runtime's message (Burn's GPU runtime reports a
 /// failed allocation, a lost device or a kernel it cannot run by panicking at the next read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpuFailure {
+pub(crate) enum GpuFailure {
     /// An allocation the device's memory could not hold.
     OutOfMemory,
     /// The device went away or faulted (a driver reset, a hang, a poisoned device).
@@ -406,7 +406,7 @@ impl GpuFailure {
 }
 
 /// The message of a caught panic.
-pub fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()
@@ -424,7 +424,7 @@ pub fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// finds no display, so turning it off (`NODEVICE_SELECT=1`, the switch its manifest names)
 /// changes nothing but the noise; `MESA_VK_DEVICE_SELECT` or `NODEVICE_SELECT` already set
 /// leave it as the user has it.
-pub fn headless_device_select_off(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
+pub(crate) fn headless_device_select_off(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
     let set = |k: &str| var(k).is_some_and(|v| !v.is_empty());
     cfg!(target_os = "linux")
         && !["WAYLAND_DISPLAY", "DISPLAY", "XDG_RUNTIME_DIR"]
@@ -448,7 +448,7 @@ pub unsafe fn quiet_headless_vulkan() {
 }
 
 /// The precisions `device` computes, in [`Precision::PREFERENCE`] order; f32 always.
-pub fn supported_precisions(device: &Device) -> Vec<Precision> {
+pub(crate) fn supported_precisions(device: &Device) -> Vec<Precision> {
     Precision::PREFERENCE
         .into_iter()
         .filter(|p| *p == Precision::F32 || p.dtype().is_some_and(|d| device.supports_dtype(d)))

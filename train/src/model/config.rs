@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// More layers than any released decoder has (Qwen3's largest has 94).
-pub const MAX_LAYERS: usize = 1024;
+pub(crate) const MAX_LAYERS: usize = 1024;
 /// More weights (2^40, about 1.1 trillion) than any model this project trains or exports.
-pub const MAX_PARAMETERS: usize = 1 << 40;
+pub(crate) const MAX_PARAMETERS: usize = 1 << 40;
 
 /// The architecture of a Qwen3 decoder. Field names follow Hugging Face's `Qwen3Config`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -58,7 +58,7 @@ impl DecisionModel {
 
     /// As [`DecisionModel::load`], with `label` (the flag or key and its value, `--run X`)
     /// leading the messages about where the model is.
-    pub fn load_as(label: &str, src: &str, opts: &LoadOptions) -> Result<Self> {
+    pub(crate) fn load_as(label: &str, src: &str, opts: &LoadOptions) -> Result<Self> {
         let env = opts.hub.clone().unwrap_or_else(HubEnv::from_env);
         let dir = hub::resolve_as(label, src, &env)?;
         Self::load_dir(&dir, opts)

@@ -62,7 +62,7 @@ impl LossScaleMode {
 /// 2^16, halves on every step whose gradients are not finite, and doubles after
 /// [`LossScaler::GROWTH_INTERVAL`] finite steps in a row. Saved in every checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct LossScaler {
+pub(crate) struct LossScaler {
     pub scale: f32,
     /// Finite steps since the scale last changed.
     pub good_steps: u32,
@@ -78,7 +78,7 @@ impl Default for LossScaler {
 }
 
 impl LossScaler {
-    pub const GROWTH_INTERVAL: u32 = 2000;
+    pub(crate) const GROWTH_INTERVAL: u32 = 2000;
 
     /// After a step: `finite` says whether its gradients were. Returns whether to apply it.
     pub fn update(&mut self, finite: bool) -> bool {
@@ -110,7 +110,7 @@ impl ProductChecks {
     }
 
     /// The decoder layer whose products come next.
-    pub fn at_layer(&self, layer: usize) {
+    pub(crate) fn at_layer(&self, layer: usize) {
         self.layer.set(layer);
     }
 
@@ -169,7 +169,7 @@ fn projection_mut<'a>(model: &'a mut Qwen3, name: &str) -> Result<&'a mut Proj> 
 
 /// Compute the projections `names` in f32 from now on: their frozen weights (and biases) cast
 /// up. The adapters are f32 already; the others stay as they are.
-pub fn promote(model: &mut Qwen3, names: &[String]) -> Result<()> {
+pub(crate) fn promote(model: &mut Qwen3, names: &[String]) -> Result<()> {
     for name in names {
         let proj = projection_mut(model, name)?;
         proj.weight = proj.weight.clone().map(|t| t.cast(FloatDType::F32));
@@ -181,7 +181,7 @@ pub fn promote(model: &mut Qwen3, names: &[String]) -> Result<()> {
 }
 
 /// The error of a run whose f16 product overflowed under `f16_overflow = "stop"`.
-pub fn overflow_error(names: &[String], step: u64) -> anyhow::Error {
+pub(crate) fn overflow_error(names: &[String], step: u64) -> anyhow::Error {
     anyhow::anyhow!(
         "at step {step} the f16 product of {} overflowed (an output or input beyond f16's \
          65 504): set `--set train.f16_overflow=f32` to compute {} in f32, or `--set \

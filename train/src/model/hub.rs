@@ -24,7 +24,7 @@ impl HubEnv {
     }
 
     /// As [`HubEnv::from_env`], reading variables through `var`.
-    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Self {
+    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Self {
         let set = |k: &str| var(k).filter(|v| !v.is_empty());
         let cache_dir =
             if let Some(c) = set("HF_HUB_CACHE").or_else(|| set("HUGGINGFACE_HUB_CACHE")) {
@@ -64,7 +64,7 @@ pub struct ModelDir {
 
 /// A Hub reference `owner/name[@revision]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HubId {
+pub(crate) struct HubId {
     pub repo: String,
     pub revision: String,
 }
@@ -109,7 +109,7 @@ pub fn resolve(src: &str, env: &HubEnv) -> Result<ModelDir> {
 
 /// Does `src` name a local path rather than a Hub id? `./x`, `../x`, `/x`, `~/x`, `.`, `..`, a
 /// Windows path, a trailing `/`, or `a/b` where the folder `a` exists here.
-pub fn looks_like_path(src: &str) -> bool {
+pub(crate) fn looks_like_path(src: &str) -> bool {
     let path = Path::new(src);
     src.starts_with(['.', '/', '~', '\\'])
         || src.contains('\\')

@@ -66,7 +66,7 @@ impl LoraAdapter {
     }
 
     /// `s · A·B`, `[d_in, d_out]`: what merging adds to the base weight.
-    pub fn dense(&self) -> Tensor<2> {
+    pub(crate) fn dense(&self) -> Tensor<2> {
         self.lora_a
             .val()
             .matmul(self.lora_b.val())
@@ -111,7 +111,7 @@ fn short_name(path: &'static str) -> &'static str {
 
 /// Freeze the whole model and attach fresh adapters (PEFT initialisation) to `spec.targets`.
 /// The adapters require gradients; nothing else does.
-pub fn attach(model: Qwen3, spec: &LoraSpec, seed: u64) -> Qwen3 {
+pub(crate) fn attach(model: Qwen3, spec: &LoraSpec, seed: u64) -> Qwen3 {
     let device = model.device();
     let mut model = model.no_grad();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x10a4_5eed);
@@ -249,7 +249,7 @@ fn base_shape(model: &Qwen3) -> Result<BaseShape> {
 }
 
 /// Write `adapter_config.json` and `adapter_model.safetensors` (PEFT layout, f32) into `dir`.
-pub fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Result<()> {
+pub(crate) fn save_peft(model: &Qwen3, spec: &LoraSpec, base: &str, dir: &Path) -> Result<()> {
     peft(model, spec, base)?.write_peft(dir)
 }
 

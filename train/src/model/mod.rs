@@ -13,8 +13,8 @@
 
 pub mod backend;
 pub mod config;
-pub mod decision_model;
-pub mod f16_safety;
+pub(crate) mod decision_model;
+pub(crate) mod f16_safety;
 pub mod hub;
 pub mod lora;
 pub mod peft;

@@ -25,7 +25,7 @@ use crate::model::config::Qwen3Config;
 use crate::model::weights::decode_f32;
 
 /// The projections LoRA may adapt in a Qwen3 decoder layer, with their sub-module.
-pub const PROJECTIONS: [(&str, &str); 7] = [
+pub(crate) const PROJECTIONS: [(&str, &str); 7] = [
     ("self_attn", "q_proj"),
     ("self_attn", "k_proj"),
     ("self_attn", "v_proj"),
@@ -36,8 +36,8 @@ pub const PROJECTIONS: [(&str, &str); 7] = [
 ];
 
 const KEY_PREFIX: &str = "base_model.model.";
-pub const CONFIG_FILE: &str = "adapter_config.json";
-pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+pub(crate) const CONFIG_FILE: &str = "adapter_config.json";
+pub(crate) const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
 /// A row-major f32 matrix.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +76,7 @@ pub struct TokenRows {
 }
 
 /// The key of the trainable tokens' values.
-pub const TOKENS_KEY: &str =
+pub(crate) const TOKENS_KEY: &str =
     "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta";
 
 /// A PEFT LoRA adapter over a Qwen3 model, as its files hold it.

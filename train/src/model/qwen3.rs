@@ -43,7 +43,7 @@ impl Proj {
 
     /// [`Self::forward`], with an f16 product's output flagged in `checks` (under `path`, the
     /// projection's path inside its layer) when it is not finite.
-    pub fn forward_checked<const D: usize>(
+    pub(crate) fn forward_checked<const D: usize>(
         &self,
         x: Tensor<D>,
         checks: Option<&ProductChecks>,
@@ -342,7 +342,7 @@ impl DecoderLayer {
     }
 
     /// [`Self::projections`], mutable.
-    pub fn projections_mut(&mut self) -> [(&'static str, &mut Proj); 7] {
+    pub(crate) fn projections_mut(&mut self) -> [(&'static str, &mut Proj); 7] {
         let (a, m) = (&mut self.self_attn, &mut self.mlp);
         [
             ("self_attn.q_proj", &mut a.q_proj),
@@ -357,7 +357,7 @@ impl DecoderLayer {
 
     /// The first half of [`forward`](Self::forward), up to the attention core: `(q, k, v)` as
     /// [`Attention::qkv`] returns them.
-    pub fn attention_inputs(
+    pub(crate) fn attention_inputs(
         &self,
         x: Tensor<3>,
         inputs: &LayerInputs,
@@ -549,7 +549,7 @@ impl Qwen3 {
 
     /// Rows `token_ids` of the LM head, f32 `[k, hidden]`, the trainable tokens' rows replaced
     /// when the head is tied.
-    pub fn lm_rows(&self, token_ids: &[u32]) -> Tensor<2> {
+    pub(crate) fn lm_rows(&self, token_ids: &[u32]) -> Tensor<2> {
         let device = self.device();
         let idx: Vec<i64> = token_ids.iter().map(|&t| t as i64).collect();
         let n = idx.len();
@@ -563,7 +563,7 @@ impl Qwen3 {
         }
     }
 
-    pub fn ids_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
+    pub(crate) fn ids_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
         let (b, s) = (batch.len(), batch.seq_len());
         let flat: Vec<i64> = batch
             .input_ids
@@ -590,14 +590,14 @@ impl Qwen3 {
     }
 
     /// Whether any of the batch's tokens is a trainable token.
-    pub fn trainable_tokens_in(&self, batch: &Batch) -> bool {
+    pub(crate) fn trainable_tokens_in(&self, batch: &Batch) -> bool {
         self.tokens
             .as_ref()
             .is_some_and(|t| t.slots(batch.input_ids.iter().flatten().copied()).is_some())
     }
 
     /// The trainable tokens' values, when the model has any.
-    pub fn token_values(&self) -> Option<Tensor<2>> {
+    pub(crate) fn token_values(&self) -> Option<Tensor<2>> {
         self.tokens.as_ref().map(|t| t.values.val())
     }
 
@@ -607,7 +607,11 @@ impl Qwen3 {
     }
 
     /// [`Self::decode`], with every f16 product flagged in `checks`.
-    pub fn decode_checked(&self, batch: &Batch, checks: Option<&ProductChecks>) -> Tensor<3> {
+    pub(crate) fn decode_checked(
+        &self,
+        batch: &Batch,
+        checks: Option<&ProductChecks>,
+    ) -> Tensor<3> {
         let device = self.device();
         let inputs = LayerInputs::new(batch, self.head_dim(), self.rope_theta, &device);
         let mut x = self.embed(
@@ -624,13 +628,8 @@ impl Qwen3 {
         x
     }
 
-    /// Final-norm hidden states at every position: `[b, s, hidden]`.
-    pub fn hidden_states(&self, batch: &Batch) -> Tensor<3> {
-        self.model.norm.forward(self.decode(batch))
-    }
-
     /// Final-norm hidden state at the last position (the answer slot): `[b, hidden]`.
-    pub fn last_hidden(&self, batch: &Batch) -> Tensor<2> {
+    pub(crate) fn last_hidden(&self, batch: &Batch) -> Tensor<2> {
         let x = self.decode(batch);
         let [b, s, h] = x.dims();
         self.model
@@ -640,7 +639,7 @@ impl Qwen3 {
 
     /// Logits of the given tokens only: `hidden [b, hidden]` × rows `token_ids` of the LM head →
     /// `[b, token_ids.len()]`. The full vocabulary is never multiplied.
-    pub fn token_logits(&self, hidden: Tensor<2>, token_ids: &[u32]) -> Tensor<2> {
+    pub(crate) fn token_logits(&self, hidden: Tensor<2>, token_ids: &[u32]) -> Tensor<2> {
         hidden.matmul(self.lm_rows(token_ids).transpose())
     }
 

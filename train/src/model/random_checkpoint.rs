@@ -19,7 +19,7 @@ use crate::model::weights::{INDEX_FILE, expected_tensors};
 /// `shards` = 1 writes `model.safetensors`; more write `model-0000N-of-0000M.safetensors` of
 /// about equal size and `model.safetensors.index.json`. Streamed: a few MB of memory whatever the
 /// size. Returns the files written.
-pub fn write_weights(
+pub(crate) fn write_weights(
     dir: &Path,
     cfg: &Qwen3Config,
     width: usize,

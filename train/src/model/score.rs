@@ -54,7 +54,7 @@ pub fn label_logits(model: &Qwen3, states: &[&Encoded], pad_id: u32) -> Vec<Vec<
 }
 
 /// Turn raw label logits into [`Scores`] with temperature `t`.
-pub fn scores_from_logits(raw: &[f64], t: f64) -> Scores {
+pub(crate) fn scores_from_logits(raw: &[f64], t: f64) -> Scores {
     let (probs, logits) = softmax_t(raw, t);
     let (pick_index, confidence) =
         probs
@@ -101,7 +101,7 @@ pub fn check_finite(logits: &[Vec<f64>], name: &dyn Fn(usize) -> String) -> Resu
 
 /// Order in which to batch states: by prompt length, so a batch wastes little on padding.
 /// Results do not depend on it (each row is independent of the rest of its batch).
-pub fn length_order(encoded: &[Encoded]) -> Vec<usize> {
+pub(crate) fn length_order(encoded: &[Encoded]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..encoded.len()).collect();
     order.sort_by_key(|&i| (encoded[i].input_ids.len(), i));
     order
@@ -113,7 +113,7 @@ pub fn length_order(encoded: &[Encoded]) -> Vec<usize> {
 /// On the CPU one forward pass keeps about one core busy on small shapes, so a round runs as
 /// many batches side by side as the thread pool has threads (each row's logits do not depend on
 /// its batch, so the result is the same); on a GPU batches go one after another.
-pub fn logits_in_batches(
+pub(crate) fn logits_in_batches(
     model: &Qwen3,
     encoded: &[Encoded],
     pad_id: u32,

@@ -23,8 +23,8 @@ use crate::model::qwen3::{
     Attention, DecoderLayer, Embedding, LmHead, Mlp, Proj, Qwen3, Qwen3Model, RmsNorm,
 };
 
-pub const SINGLE_FILE: &str = "model.safetensors";
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub(crate) const SINGLE_FILE: &str = "model.safetensors";
+pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// One weight in the checkpoint's layout: HF name, HF shape (`[out, in]` for projections),
 /// row-major f32 values.
@@ -72,7 +72,7 @@ impl SaveDtype {
             _ => 2,
         }
     }
-    pub fn torch_name(self) -> &'static str {
+    pub(crate) fn torch_name(self) -> &'static str {
         match self {
             SaveDtype::F32 => "float32",
             SaveDtype::F16 => "float16",
@@ -112,7 +112,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Refuse pickle checkpoints, saying why and how to convert.
-pub fn refuse_pickle(dir: &Path) -> Result<()> {
+pub(crate) fn refuse_pickle(dir: &Path) -> Result<()> {
     for name in ["pytorch_model.bin", "pytorch_model.bin.index.json"] {
         if dir.join(name).exists() {
             bail!(
@@ -127,7 +127,7 @@ pub fn refuse_pickle(dir: &Path) -> Result<()> {
 }
 
 /// The shard file names listed in an index, in first-seen order.
-pub fn read_index(index: &Path) -> Result<Vec<String>> {
+pub(crate) fn read_index(index: &Path) -> Result<Vec<String>> {
     let text =
         std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
     let v: Value = serde_json::from_str(&text)
@@ -197,7 +197,7 @@ pub fn expected_tensors(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
 
 /// Little-endian tensor bytes of a floating dtype to f32: the one safetensors decoder (model
 /// weights and PEFT adapters alike).
-pub fn decode_f32(bytes: &[u8], dtype: StDtype) -> Result<Vec<f32>> {
+pub(crate) fn decode_f32(bytes: &[u8], dtype: StDtype) -> Result<Vec<f32>> {
     Ok(match dtype {
         StDtype::F32 => bytes
             .chunks_exact(4)
@@ -470,7 +470,7 @@ pub fn load_model(
 }
 
 /// Assemble a model from HF-layout tensors returned by `get(name)`.
-pub fn build_model(
+pub(crate) fn build_model(
     config: &Qwen3Config,
     device: &Device,
     dtype: DType,
@@ -669,7 +669,7 @@ pub fn hf_tensors(model: &Qwen3) -> impl Iterator<Item = HfTensor> + '_ {
 }
 
 /// Names and HF shapes of the model's weights, without reading them.
-pub fn hf_shapes(model: &Qwen3) -> Vec<(String, Vec<usize>)> {
+pub(crate) fn hf_shapes(model: &Qwen3) -> Vec<(String, Vec<usize>)> {
     held_params(model)
         .into_iter()
         .map(|(name, held)| {
@@ -750,7 +750,12 @@ pub fn write_safetensors(
 }
 
 /// Save `config.json` + `model.safetensors` in the Hugging Face layout.
-pub fn save_model(model: &Qwen3, config: &Qwen3Config, dir: &Path, dtype: SaveDtype) -> Result<()> {
+pub(crate) fn save_model(
+    model: &Qwen3,
+    config: &Qwen3Config,
+    dir: &Path,
+    dtype: SaveDtype,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut cfg = config.to_hf_json();
     cfg["torch_dtype"] = Value::String(dtype.torch_name().into());
