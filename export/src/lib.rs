@@ -1,6 +1,9 @@
 //! decision-export: turns a trained decision model into the bundle the desktop harness loads
-//! (contracts section 5): ONNX and PEFT writers over one [graph description](graph), the manifest,
-//! the parity gate, and `decision bundle verify`.
+//! (contracts section 5). [`source`] opens the model; one [graph description](graph) is lowered
+//! by each format's folder ([`onnx`], [`coreml`]), which writes its files, holds them to the
+//! reference ([`parity`]) and checks them again for `decision bundle verify`; `run.rs` only
+//! orchestrates (one arm per format) and writes the manifest ([`bundle`]); [`verify`] holds the
+//! bundle-wide checks. Adding a format: see `format.rs`.
 
 pub mod bundle;
 pub mod cli;
