@@ -41,33 +41,31 @@ pub fn fit(args: &FitArgs) -> Result<FitOutcome> {
     // Everything that can be refused is refused before a receipt is read, the config before
     // any input is even looked at.
     let config = FitConfig::load(&args.config)?;
-    if remote::any_url(args) {
-        let remote = Remote::fetch(args)?;
-        let previous = remote
-            .local
-            .previous
-            .as_deref()
-            .map(Previous::read)
-            .transpose()?;
-        let mut outcome = fit_inputs(&remote.local, config, previous, remote.inputs.clone())?;
-        if let Some(q) = remote.publish()? {
-            outcome.quarantine = q;
-        }
-        return Ok(outcome);
+    // URLs are fetched into local files first; the fit itself reads only local ones.
+    let remote = remote::any_url(args)
+        .then(|| Remote::fetch(args))
+        .transpose()?;
+    let local = remote.as_ref().map_or(args, |r| &r.local);
+    let previous = local.previous.as_deref().map(Previous::read).transpose()?;
+    let inputs = match &remote {
+        Some(r) => r.inputs.clone(),
+        None => receipt_files(&args.receipts)?
+            .into_iter()
+            .map(Input::local)
+            .collect(),
+    };
+    let mut outcome = fit_inputs(local, config, previous, inputs)?;
+    if let Some(r) = &remote
+        && let Some(q) = r.publish()?
+    {
+        outcome.quarantine = q;
     }
-    let previous = args.previous.as_deref().map(Previous::read).transpose()?;
-    let files = receipt_files(&args.receipts)?;
-    fit_inputs(
-        args,
-        config,
-        previous,
-        files.into_iter().map(Input::local).collect(),
-    )
+    Ok(outcome)
 }
 
 /// [`fit`] of these inputs (local files, under their own or their URLs' names), with the config
 /// and the previous thresholds already read.
-pub(crate) fn fit_inputs(
+fn fit_inputs(
     args: &FitArgs,
     config: FitConfig,
     previous: Option<Previous>,
