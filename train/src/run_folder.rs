@@ -50,9 +50,7 @@ pub fn load(flag: &str, src: &str, backend: Backend) -> Result<Loaded> {
         ..Default::default()
     };
     if p.join("run.toml").is_file() {
-        let text = std::fs::read_to_string(p.join("run.toml"))?;
-        let cfg =
-            RunConfig::parse(&text, &[]).with_context(|| format!("{}/run.toml", p.display()))?;
+        let cfg = config(p)?;
         let fin = p.join("final");
         if !fin.is_dir() {
             bail!(
