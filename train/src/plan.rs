@@ -407,7 +407,6 @@ pub fn architecture(cfg: &RunConfig) -> Result<Qwen3Config> {
 /// for the tokenizer), whose labels must each be one token. `None` for a random init (its
 /// word-level vocabulary is built from the data). Reads no weights.
 pub(crate) fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Option<String>> {
-    use anyhow::Context as _;
     if !matches!(cfg.model.init, crate::run_config::Init::Pretrained) {
         return Ok(None);
     }
@@ -445,15 +444,7 @@ pub(crate) fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Opt
     spec.max_tokens = cfg.data.max_tokens;
     let added = tok.get_added_tokens_decoder().len();
     let total = tok.get_vocab_size(true);
-    if total > arch.vocab_size {
-        anyhow::bail!(
-            "{}: the tokenizer has {total} tokens but the model's vocab_size is {}",
-            md.origin,
-            arch.vocab_size
-        );
-    }
-    let prompter = decision_prompt::Prompter::new(&spec, tok, arch.max_position_embeddings)
-        .with_context(|| format!("{}: decision prompt", md.origin))?;
+    let prompter = crate::model::decision_model::prompter_for(arch, tok, &spec, &md.origin)?;
     let template = match decision_prompt::tokenizer::chat_markers(&prompter.tokenizer) {
         (true, true) => "Qwen's chat template, non-thinking",
         (true, false) => "Qwen's chat template",

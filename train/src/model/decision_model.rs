@@ -50,6 +50,26 @@ pub fn default_spec(tokenizer: &Tokenizer) -> DecisionSpec {
     DecisionSpec::defaults(template)
 }
 
+/// The prompter of `spec` over `tokenizer` for a model of `config`, checked as a run and a load
+/// use it: the tokenizer fits the model's vocabulary and every label is one token where the
+/// template puts it. Errors name `origin`.
+pub(crate) fn prompter_for(
+    config: &Qwen3Config,
+    tokenizer: Tokenizer,
+    spec: &DecisionSpec,
+    origin: &str,
+) -> Result<Prompter> {
+    let vocab = tokenizer.get_vocab_size(true);
+    if vocab > config.vocab_size {
+        bail!(
+            "{origin}: the tokenizer has {vocab} tokens but the model's vocab_size is {}",
+            config.vocab_size
+        );
+    }
+    Prompter::new(spec, tokenizer, config.max_position_embeddings)
+        .with_context(|| format!("{origin}: decision prompt"))
+}
+
 impl DecisionModel {
     /// Load from a local folder or a Hub id (`owner/name[@revision]`).
     pub fn load(src: &str, opts: &LoadOptions) -> Result<Self> {
@@ -100,16 +120,8 @@ impl DecisionModel {
         spec: Option<DecisionSpec>,
         origin: &str,
     ) -> Result<Self> {
-        let vocab = tokenizer.get_vocab_size(true);
-        if vocab > config.vocab_size {
-            bail!(
-                "{origin}: the tokenizer has {vocab} tokens but the model's vocab_size is {}",
-                config.vocab_size
-            );
-        }
         let mut spec = spec.unwrap_or_else(|| default_spec(&tokenizer));
-        let prompter = Prompter::new(&spec, tokenizer, config.max_position_embeddings)
-            .with_context(|| format!("{origin}: decision prompt"))?;
+        let prompter = prompter_for(&config, tokenizer, &spec, origin)?;
         spec.label_token_ids = prompter.label_token_ids.clone();
         let pad_id = decision_prompt::tokenizer::pad_id(&prompter.tokenizer);
         let device = model.device();
