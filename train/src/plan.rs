@@ -165,12 +165,19 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let scores_taped = 3 * nh * s * a;
     let taped = tokens * layers * (layer + 2 * qd * a + scores_taped);
 
-    let chunk = crate::recompute::query_chunk(b as usize, nh as usize, s as usize) as u64;
+    // The attention core's working memory: on the CPU, the host copies the tiles read (q, k, v,
+    // the output and its gradient; `crate::flash`) and each row's log-sum-exp; elsewhere, three
+    // blocks of scores.
+    let scores = if cfg.train.backend == Backend::Cpu {
+        tokens * (3 * qd + 2 * kvd) * 4 + b * nh * s * 4
+    } else {
+        let chunk = crate::recompute::query_chunk(b as usize, nh as usize, s as usize) as u64;
+        3 * b * nh * chunk * s * 4
+    };
     // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the
-    // hand-made attention core; three score blocks; the gradient flowing between layers.
+    // hand-made attention core; its working memory; the gradient flowing between layers.
     let core = (2 * qd + 2 * kvd) * 4 * 2;
-    let recompute =
-        tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + 3 * b * nh * chunk * s * 4;
+    let recompute = tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + scores;
     // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
     // With trainable tokens a tied head is rebuilt with their rows for that product: an f32 copy
     // and one in the weights' dtype.

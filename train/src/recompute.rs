@@ -12,10 +12,12 @@
 //!    into it (the backward of `Σ out ⊙ g` is the vector–Jacobian product), which gives the
 //!    layer's parameter gradients and the next `g`.
 //!
-//! Within a layer the attention core is not taped at all: [`attention_forward`] and
-//! [`attention_backward`] compute it, and its gradient, block by block of queries, so at most
-//! one `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings) is alive at a
-//! time. The layer is taped in two pieces around it: `x → (q, k, v)` and `(x, heads) → out`.
+//! Within a layer the attention core is not taped at all. On the CPU, [`flash`] computes it and
+//! its gradient in tiles of queries and keys, with no score tensor. On other backends
+//! [`attention_forward`] and [`attention_backward`] do, block by block of queries, of Burn
+//! operations, so at most one `[b, heads, chunk, s]` block of scores (and its two gradient-sized
+//! siblings) is alive at a time. The layer is taped in two pieces around the core:
+//! `x → (q, k, v)` and `(x, heads) → out`.
 //!
 //! The gradients equal those of the ordinary pass up to float rounding (tests in
 //! `trainer_tests.rs`). LoRA dropout is refused with recompute: the recomputed pass would draw
@@ -23,9 +25,10 @@
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::Tensor;
 use burn::tensor::activation::softmax;
+use burn::tensor::{Device, Tensor};
 
+use crate::flash;
 use crate::model::f16_safety::ProductChecks;
 use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
 
@@ -64,25 +67,88 @@ pub(crate) fn loss_and_grads(
         .layers
         .first()
         .map_or(1, |l| l.self_attn.num_heads);
-    let chunk = query_chunk(batch.len(), heads, batch.seq_len());
-    loss_and_grads_in_blocks(model, batch, head, chunk, checks)
+    // DECISION_ATTENTION=blocks runs the blocked path on the CPU too: the comparison
+    // docs/results.md measures.
+    let blocks = std::env::var("DECISION_ATTENTION").is_ok_and(|v| v == "blocks");
+    let core = if model.device().inner() == Device::flex() && !blocks {
+        CoreKind::Tiles
+    } else {
+        CoreKind::Blocks(query_chunk(batch.len(), heads, batch.seq_len()))
+    };
+    loss_and_grads_with(model, batch, head, core, checks)
 }
 
-/// [`loss_and_grads`] with attention in blocks of `chunk` query rows.
-fn loss_and_grads_in_blocks(
+/// How the attention core runs outside the tape: in tiles on the CPU ([`flash`]), or in blocks
+/// of this many query rows built of Burn operations (any backend).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum CoreKind {
+    Tiles,
+    Blocks(usize),
+}
+
+/// The attention core of one step, with what it needs of the mask.
+enum Core {
+    Tiles(flash::Mask),
+    Blocks { bias: Tensor<4>, chunk: usize },
+}
+
+impl Core {
+    fn new(kind: CoreKind, inputs: &LayerInputs) -> Self {
+        match kind {
+            CoreKind::Tiles => Core::Tiles(flash::Mask::new(&inputs.mask)),
+            CoreKind::Blocks(chunk) => {
+                let bias = Tensor::<4>::zeros(inputs.mask.dims(), &inputs.mask.device())
+                    .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+                Core::Blocks { bias, chunk }
+            }
+        }
+    }
+
+    fn forward(
+        &self,
+        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        scale: f64,
+    ) -> (Tensor<4>, Option<flash::Saved>) {
+        match self {
+            Core::Tiles(mask) => {
+                let (out, saved) = flash::forward(q, k, v, mask, scale as f32);
+                (out, Some(saved))
+            }
+            Core::Blocks { bias, chunk } => (attention_forward(q, k, v, bias, scale, *chunk), None),
+        }
+    }
+
+    fn backward(
+        &self,
+        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        (out, saved): (&Tensor<4>, Option<&flash::Saved>),
+        d_out: &Tensor<4>,
+        scale: f64,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        match self {
+            Core::Tiles(mask) => {
+                let saved = saved.expect("the tiled forward pass saves its row sums");
+                flash::backward(q, k, v, out, saved, d_out, mask, scale as f32)
+            }
+            Core::Blocks { bias, chunk } => {
+                attention_backward(q, k, v, out, d_out, bias, scale, *chunk)
+            }
+        }
+    }
+}
+
+/// [`loss_and_grads`] with the attention core run as `kind` says.
+fn loss_and_grads_with(
     model: &Qwen3,
     batch: &Batch,
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
-    chunk: usize,
+    kind: CoreKind,
     checks: Option<&ProductChecks>,
 ) -> (f32, GradientsParams) {
     let plain = model.device().inner();
     let inputs = LayerInputs::new(batch, model.head_dim(), model.rope_theta, &plain);
     let embed = &model.model.embed_tokens.weight;
-
-    let [b, s] = [batch.len(), batch.seq_len()];
-    let bias =
-        Tensor::<4>::zeros([b, 1, s, s], &plain).mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+    let core = Core::new(kind, &inputs);
 
     // 1. Forward without a tape, keeping each layer's input; attention in blocks as below.
     let tokens = model.token_values();
@@ -99,7 +165,7 @@ fn loss_and_grads_in_blocks(
         }
         let layer = layer.valid();
         let (q, k, v) = layer.attention_inputs(x.clone(), &inputs, checks);
-        let heads = attention_forward(&q, &k, &v, &bias, layer.self_attn.scale(), chunk);
+        let (heads, _) = core.forward((&q, &k, &v), layer.self_attn.scale());
         x = layer.finish(x, heads, checks);
     }
 
@@ -124,7 +190,7 @@ fn loss_and_grads_in_blocks(
         let xa = x_in.clone().autodiff().require_grad();
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
-        let out = attention_forward(&qp, &kp, &vp, &bias, scale, chunk);
+        let (out, saved) = core.forward((&qp, &kp, &vp), scale);
         // (x, heads) → layer output, taped, and g pushed through it.
         let xc = x_in.autodiff().require_grad();
         let heads_leaf = out.clone().autodiff().require_grad();
@@ -138,7 +204,7 @@ fn loss_and_grads_in_blocks(
             .expect("the residual feeds the output");
         acc.accumulate(model, GradientsParams::from_grads(grads, layer));
         // The attention core by hand, then (q, k, v)'s gradients through their tape.
-        let (dq, dk, dv) = attention_backward(&qp, &kp, &vp, &out, &g_heads, &bias, scale, chunk);
+        let (dq, dk, dv) = core.backward((&qp, &kp, &vp), (&out, saved.as_ref()), &g_heads, scale);
         let tied = (q * dq).sum() + (k * dk).sum() + (v * dv).sum();
         let mut grads = tied.backward();
         let g_xa = xa.grad_remove(&mut grads).expect("q, k, v depend on x");
@@ -312,12 +378,12 @@ mod tests {
 
     /// Recomputed gradients against the ordinary taped pass: the same parameters, each tensor
     /// within 1e-5 relative in L2 norm and every element within 1e-4 of the tensor's largest.
-    fn assert_same_gradients(model: &Qwen3, chunk: usize) -> usize {
+    fn assert_same_gradients(model: &Qwen3, core: CoreKind) -> usize {
         let b = batch();
         let loss = head(model)(model.decode(&b));
         let want_loss: f32 = loss.clone().into_scalar();
         let want = gradients(model, &GradientsParams::from_grads(loss.backward(), model));
-        let (got_loss, grads) = loss_and_grads_in_blocks(model, &b, head(model), chunk, None);
+        let (got_loss, grads) = loss_and_grads_with(model, &b, head(model), core, None);
         let got = gradients(model, &grads);
         assert!((want_loss - got_loss).abs() <= 1e-5 * want_loss.abs().max(1.0));
         let names = |g: &[(String, Vec<f32>)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
@@ -361,9 +427,10 @@ mod tests {
                 .train()
                 .set_require_grad(true);
             // every weight of 3 layers (11 each), embedding, final norm, and the untied head
-            let n = assert_same_gradients(&model, 2);
+            let n = assert_same_gradients(&model, CoreKind::Blocks(2));
             assert_eq!(n, 3 * 11 + 2 + usize::from(!tied));
-            assert_same_gradients(&model, 64);
+            assert_same_gradients(&model, CoreKind::Blocks(64));
+            assert_same_gradients(&model, CoreKind::Tiles);
         }
     }
 
@@ -410,7 +477,9 @@ mod tests {
             }
             // the adapters, 2 matrices on each of 7 projections of 3 layers, and the token rows
             // where anything reads them
-            assert_eq!(assert_same_gradients(&model, 3), 3 * 7 * 2 + rows_read);
+            for core in [CoreKind::Blocks(3), CoreKind::Tiles] {
+                assert_eq!(assert_same_gradients(&model, core), 3 * 7 * 2 + rows_read);
+            }
         }
     }
 

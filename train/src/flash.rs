@@ -1,0 +1,538 @@
+//! Attention on the CPU in tiles, flash-style: `softmax(q·kᵀ·scale + bias)·v` and its gradients
+//! over tiles of [`TILE`] queries × [`TILE`] keys, with a running maximum and sum per query row
+//! (the online softmax), so no `[b, heads, s, s]` score tensor ever exists. Tiles wholly above
+//! the diagonal are skipped, since the mask is causal. Work is shared out by head over rayon's
+//! threads; each tile's products go to the `gemm` crate (the kernels Burn's `flex` backend uses
+//! for its own matmuls) on the calling thread.
+//!
+//! Used by layer recomputation ([`crate::recompute`]) on the CPU backend, where Burn's generic
+//! operations would make about fifteen single-threaded passes over every score block; other
+//! backends keep the blocked path built of Burn operations. Both give the same values and
+//! gradients to float rounding (tests below, at a tiny and at the 0.6B shape).
+//!
+//! The backward pass is FlashAttention-2's: the forward keeps each row's log-sum-exp, the
+//! backward recomputes each tile's probabilities from it, and with `D = rowsum(dO ⊙ O)`:
+//! `dV += Pᵀ·dO`, `dS = P ⊙ (dO·Vᵀ − D)·scale`, `dQ += dS·K`, `dK += dSᵀ·Q`.
+
+use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
+use rayon::prelude::*;
+
+/// Queries and keys per tile: a 64 × 64 score tile and the 64 × 128 rows of q, k, v it reads
+/// stay in the core's L2.
+const TILE: usize = 64;
+
+/// The additive mask `[b, s, s]`: 0 where a query may attend to a key, −∞ where not. Every row
+/// must allow at least one key (a padding query attends to itself) and no key after the query.
+pub(crate) struct Mask {
+    bias: Vec<f32>,
+    b: usize,
+    s: usize,
+}
+
+impl Mask {
+    /// From the model's boolean mask `[b, 1, s, s]` (true = masked out).
+    pub(crate) fn new(mask: &Tensor<4, Bool>) -> Self {
+        let [b, _, s, _] = mask.dims();
+        let masked = mask
+            .clone()
+            .into_data()
+            .try_into_vec::<bool>()
+            .expect("a bool mask");
+        let bias = masked
+            .into_iter()
+            .map(|m| if m { f32::NEG_INFINITY } else { 0.0 })
+            .collect();
+        Self { bias, b, s }
+    }
+
+    fn row(&self, batch: usize, query: usize) -> &[f32] {
+        let at = (batch * self.s + query) * self.s;
+        &self.bias[at..at + self.s]
+    }
+}
+
+/// What the forward pass keeps for the backward: each query row's log-sum-exp, `[b, heads, s]`.
+pub(crate) struct Saved {
+    lse: Vec<f32>,
+}
+
+/// Dimensions of one call: `q` is `[b, h, s, d]`, `k` and `v` `[b, kvh, s, d]`.
+#[derive(Clone, Copy)]
+struct Dims {
+    b: usize,
+    h: usize,
+    kvh: usize,
+    s: usize,
+    d: usize,
+}
+
+impl Dims {
+    fn of(q: &Tensor<4>, k: &Tensor<4>) -> Self {
+        let [b, h, s, d] = q.dims();
+        Self {
+            b,
+            h,
+            kvh: k.dims()[1],
+            s,
+            d,
+        }
+    }
+
+    fn groups(&self) -> usize {
+        self.h / self.kvh
+    }
+}
+
+fn values(t: &Tensor<4>) -> Vec<f32> {
+    t.clone()
+        .cast(burn::tensor::FloatDType::F32)
+        .into_data()
+        .try_into_vec::<f32>()
+        .expect("f32 values")
+}
+
+/// Head `i` of `t`, whose heads are `len` values each.
+fn head(t: &[f32], i: usize, len: usize) -> &[f32] {
+    &t[i * len..(i + 1) * len]
+}
+
+fn tensor(v: Vec<f32>, shape: [usize; 4], device: &Device) -> Tensor<4> {
+    Tensor::<4>::from_data(TensorData::new(v, shape), (device, DType::F32))
+}
+
+/// The attention output `[b, h, s, d]` and what the backward pass needs.
+pub(crate) fn forward(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    mask: &Mask,
+    scale: f32,
+) -> (Tensor<4>, Saved) {
+    let dims = Dims::of(q, k);
+    let Dims { b, h, s, d, .. } = dims;
+    assert_eq!((mask.b, mask.s), (b, s), "mask and queries disagree");
+    let (qv, kv, vv) = (values(q), values(k), values(v));
+    let mut out = vec![0f32; b * h * s * d];
+    let mut lse = vec![0f32; b * h * s];
+    out.par_chunks_mut(s * d)
+        .zip(lse.par_chunks_mut(s))
+        .enumerate()
+        .for_each(|(bh, (out, lse))| {
+            let (bi, hi) = (bh / h, bh % h);
+            let kvi = bi * dims.kvh + hi / dims.groups();
+            forward_head(
+                head(&qv, bh, s * d),
+                head(&kv, kvi, s * d),
+                head(&vv, kvi, s * d),
+                |row| mask.row(bi, row),
+                dims,
+                scale,
+                out,
+                lse,
+            );
+        });
+    (tensor(out, [b, h, s, d], &q.device()), Saved { lse })
+}
+
+/// One head: `q`, `k`, `v`, `out` are `[s, d]`, `lse` is `[s]`.
+#[allow(clippy::too_many_arguments)]
+fn forward_head<'m>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: impl Fn(usize) -> &'m [f32],
+    dims: Dims,
+    scale: f32,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (s, d) = (dims.s, dims.d);
+    let mut scores = vec![0f32; TILE * TILE];
+    let mut max = [0f32; TILE];
+    let mut sum = [0f32; TILE];
+    for i0 in (0..s).step_by(TILE) {
+        let rows = TILE.min(s - i0);
+        let qt = &q[i0 * d..(i0 + rows) * d];
+        let acc = &mut out[i0 * d..(i0 + rows) * d];
+        max[..rows].fill(f32::NEG_INFINITY);
+        sum[..rows].fill(0.0);
+        // Causal: keys after the tile's last query are masked for every row of it.
+        for j0 in (0..i0 + rows).step_by(TILE) {
+            let cols = TILE.min(i0 + rows - j0);
+            let st = &mut scores[..rows * cols];
+            // S = q·kᵀ: k's rows j0.. read as the columns of kᵀ.
+            mm(rows, cols, d, qt, (d, 1), &k[j0 * d..], (1, d), st, false);
+            for r in 0..rows {
+                let row = &mut st[r * cols..(r + 1) * cols];
+                let bias = &mask(i0 + r)[j0..j0 + cols];
+                let mut m = max[r];
+                for (x, b) in row.iter_mut().zip(bias) {
+                    *x = *x * scale + b;
+                    m = m.max(*x);
+                }
+                if m == f32::NEG_INFINITY {
+                    // Nothing visible to this row yet: its tile contributes nothing.
+                    row.fill(0.0);
+                    continue;
+                }
+                let keep = if max[r] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (max[r] - m).exp()
+                };
+                exp_shifted(row, m);
+                sum[r] = sum[r] * keep + row.iter().sum::<f32>();
+                max[r] = m;
+                if keep != 1.0 {
+                    acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= keep);
+                }
+            }
+            // acc += P·v
+            mm(
+                rows,
+                d,
+                cols,
+                st,
+                (cols, 1),
+                &v[j0 * d..],
+                (d, 1),
+                acc,
+                true,
+            );
+        }
+        for r in 0..rows {
+            let inv = 1.0 / sum[r];
+            acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= inv);
+            lse[i0 + r] = max[r] + sum[r].ln();
+        }
+    }
+}
+
+/// `(dq, dk, dv)` of [`forward`] given its output `out`, what it saved, and the output's
+/// gradient `d_out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    out: &Tensor<4>,
+    saved: &Saved,
+    d_out: &Tensor<4>,
+    mask: &Mask,
+    scale: f32,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let dims = Dims::of(q, k);
+    let Dims { b, h, kvh, s, d } = dims;
+    let g = dims.groups();
+    let (qv, kv, vv) = (values(q), values(k), values(v));
+    let (ov, dov) = (values(out), values(d_out));
+    let mut dq = vec![0f32; b * h * s * d];
+    let mut dk = vec![0f32; b * kvh * s * d];
+    let mut dv = vec![0f32; b * kvh * s * d];
+    // One task per key/value head: it owns that head's dk, dv and its query heads' dq.
+    dq.par_chunks_mut(g * s * d)
+        .zip(dk.par_chunks_mut(s * d))
+        .zip(dv.par_chunks_mut(s * d))
+        .enumerate()
+        .for_each(|(bk, ((dq, dk), dv))| {
+            let bi = bk / kvh;
+            for j in 0..g {
+                let qh = bk * g + j;
+                backward_head(
+                    Head {
+                        q: head(&qv, qh, s * d),
+                        k: head(&kv, bk, s * d),
+                        v: head(&vv, bk, s * d),
+                        out: head(&ov, qh, s * d),
+                        d_out: head(&dov, qh, s * d),
+                        lse: &saved.lse[qh * s..(qh + 1) * s],
+                    },
+                    |row| mask.row(bi, row),
+                    dims,
+                    scale,
+                    &mut dq[j * s * d..(j + 1) * s * d],
+                    dk,
+                    dv,
+                );
+            }
+        });
+    let device = q.device();
+    (
+        tensor(dq, [b, h, s, d], &device),
+        tensor(dk, [b, kvh, s, d], &device),
+        tensor(dv, [b, kvh, s, d], &device),
+    )
+}
+
+/// One query head's inputs, each `[s, d]` (`lse` `[s]`).
+struct Head<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    out: &'a [f32],
+    d_out: &'a [f32],
+    lse: &'a [f32],
+}
+
+/// Adds one query head's contribution to `dk`, `dv` (its key/value head's) and writes its `dq`.
+fn backward_head<'m>(
+    x: Head<'_>,
+    mask: impl Fn(usize) -> &'m [f32],
+    dims: Dims,
+    scale: f32,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
+    let (s, d) = (dims.s, dims.d);
+    let mut p = vec![0f32; TILE * TILE];
+    let mut dp = vec![0f32; TILE * TILE];
+    let mut delta = [0f32; TILE];
+    for i0 in (0..s).step_by(TILE) {
+        let rows = TILE.min(s - i0);
+        let span = i0 * d..(i0 + rows) * d;
+        let (qt, dot) = (&x.q[span.clone()], &x.d_out[span.clone()]);
+        for (r, dl) in delta[..rows].iter_mut().enumerate() {
+            let at = (i0 + r) * d..(i0 + r + 1) * d;
+            *dl = x.d_out[at.clone()]
+                .iter()
+                .zip(&x.out[at])
+                .map(|(a, b)| a * b)
+                .sum();
+        }
+        let dqt = &mut dq[span];
+        for j0 in (0..i0 + rows).step_by(TILE) {
+            let cols = TILE.min(i0 + rows - j0);
+            let pt = &mut p[..rows * cols];
+            let dpt = &mut dp[..rows * cols];
+            mm(rows, cols, d, qt, (d, 1), &x.k[j0 * d..], (1, d), pt, false);
+            for r in 0..rows {
+                let row = &mut pt[r * cols..(r + 1) * cols];
+                let bias = &mask(i0 + r)[j0..j0 + cols];
+                row.iter_mut()
+                    .zip(bias)
+                    .for_each(|(x, b)| *x = *x * scale + b);
+                exp_shifted(row, x.lse[i0 + r]);
+            }
+            let kt = j0 * d..(j0 + cols) * d;
+            // dv += Pᵀ·dO
+            mm(
+                cols,
+                d,
+                rows,
+                pt,
+                (1, cols),
+                dot,
+                (d, 1),
+                &mut dv[kt.clone()],
+                true,
+            );
+            // dP = dO·vᵀ
+            mm(
+                rows,
+                cols,
+                d,
+                dot,
+                (d, 1),
+                &x.v[j0 * d..],
+                (1, d),
+                dpt,
+                false,
+            );
+            // dS = P ⊙ (dP − D)·scale, into dpt
+            for r in 0..rows {
+                let at = r * cols..(r + 1) * cols;
+                for (g, pr) in dpt[at.clone()].iter_mut().zip(&pt[at]) {
+                    *g = pr * (*g - delta[r]) * scale;
+                }
+            }
+            // dq += dS·k, dk += dSᵀ·q
+            mm(
+                rows,
+                d,
+                cols,
+                dpt,
+                (cols, 1),
+                &x.k[j0 * d..],
+                (d, 1),
+                dqt,
+                true,
+            );
+            mm(cols, d, rows, dpt, (1, cols), qt, (d, 1), &mut dk[kt], true);
+        }
+    }
+}
+
+/// `row ← exp(row − shift)`, exactly 0 where `row` is −∞, in operations the compiler
+/// vectorises (libm's `exp` would cost as much as the tile's products): `x = n·ln 2 + r` with
+/// `n` the nearest integer to `x / ln 2` and `ln 2` in two parts (Cody and Waite), so `r` on
+/// `[−½ ln 2, ½ ln 2]` is exact to f32, then `eʳ` by its Taylor series to degree 7 (truncation
+/// under 6e-9) times `2ⁿ` built in the exponent bits. Relative error within a few f32 roundings.
+fn exp_shifted(row: &mut [f32], shift: f32) {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_375;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
+    const ROUND: f32 = 12_582_912.0;
+    for x in row.iter_mut() {
+        let y = (*x - shift).max(-87.0);
+        let n = (y * LOG2E + ROUND) - ROUND;
+        let r = (y - n * LN2_HI) - n * LN2_LO;
+        let p = 1.0
+            + r * (1.0
+                + r * (0.5
+                    + r * (1.0 / 6.0
+                        + r * (1.0 / 24.0
+                            + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        *x = if *x == f32::NEG_INFINITY {
+            0.0
+        } else {
+            p * scale
+        };
+    }
+}
+
+/// `c (+)= a·b` for an `m × k` `a` and a `k × n` `b`, each addressed by `(row stride, column
+/// stride)` from the start of its slice, `c` row-major `m × n`; on this thread.
+#[allow(clippy::too_many_arguments)]
+fn mm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let last = |rs: usize, cs: usize, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(m > 0 && n > 0 && k > 0);
+    assert!(last(a_rs, a_cs, m, k) < a.len(), "lhs out of bounds");
+    assert!(last(b_rs, b_cs, k, n) < b.len(), "rhs out of bounds");
+    assert!(m * n <= c.len(), "output out of bounds");
+    // SAFETY: every element addressed is in bounds (asserted above), and `c` does not alias
+    // `a` or `b` (a `&mut` next to two `&`).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::*;
+    use crate::model::qwen3::{Batch, LayerInputs};
+    use crate::recompute::{attention_backward, attention_forward};
+
+    /// `a` against `b`: relative L2 difference, and the largest element difference against `b`'s
+    /// largest magnitude.
+    fn differences(a: &Tensor<4>, b: &Tensor<4>) -> (f64, f64) {
+        let (a, b) = (values(a), values(b));
+        let norm =
+            |v: &mut dyn Iterator<Item = f32>| v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        let rel = norm(&mut a.iter().zip(&b).map(|(x, y)| x - y)) / norm(&mut b.iter().copied());
+        let top = b.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+        let diff = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs())) as f64;
+        (rel, diff / top)
+    }
+
+    /// The tiles against the blocked path of Burn operations, values and the three gradients,
+    /// at `[b, h, kvh, d]` with rows of `lens` real tokens, left-padded to the longest.
+    fn check(h: usize, kvh: usize, d: usize, lens: &[usize], tol: f64) {
+        let device = Device::flex();
+        let s = *lens.iter().max().unwrap();
+        let rows: Vec<Vec<u32>> = lens.iter().map(|&n| (1..=n as u32).collect()).collect();
+        let rows: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
+        let batch = Batch::left_padded(&rows, 0);
+        let inputs = LayerInputs::new(&batch, d, 10000.0, &device);
+        let b = lens.len();
+        let normal =
+            |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        // Scores of a few units, as trained models give: some rows sharply peaked.
+        let q = normal([b, h, s, d]).mul_scalar(2.0);
+        let (k, v) = (normal([b, kvh, s, d]), normal([b, kvh, s, d]));
+        let d_out = normal([b, h, s, d]);
+        let scale = 1.0 / (d as f64).sqrt();
+        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
+            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+        let chunk = 37;
+        let want = attention_forward(&q, &k, &v, &bias, scale, chunk);
+        let want_grads = attention_backward(&q, &k, &v, &want, &d_out, &bias, scale, chunk);
+
+        let mask = Mask::new(&inputs.mask);
+        let (got, saved) = forward(&q, &k, &v, &mask, scale as f32);
+        let got_grads = backward(&q, &k, &v, &got, &saved, &d_out, &mask, scale as f32);
+        let pairs = [
+            ("out", &got, &want),
+            ("dq", &got_grads.0, &want_grads.0),
+            ("dk", &got_grads.1, &want_grads.1),
+            ("dv", &got_grads.2, &want_grads.2),
+        ];
+        for (name, got, want) in pairs {
+            let (rel, worst) = differences(got, want);
+            assert!(
+                rel <= tol && worst <= 10.0 * tol,
+                "{name} at h {h}, s {s}, d {d}: relative L2 {rel:e}, worst element {worst:e} of the largest"
+            );
+        }
+    }
+
+    #[test]
+    fn tiles_match_the_blocked_path() {
+        // One tile, then several with a partial last one; a row padded by more than a tile
+        // (rows whose first key tiles are wholly masked); a head per key/value head and four.
+        check(2, 1, 8, &[7, 3], 1e-5);
+        check(4, 2, 16, &[150, 97], 1e-5);
+        check(4, 1, 8, &[200, 10, 129], 1e-5);
+    }
+
+    #[test]
+    fn tiles_match_the_blocked_path_at_the_0_6b_shape() {
+        // Qwen3-0.6B's attention: 16 query heads on 8 key/value heads of 128, two rows of about
+        // a thousand tokens.
+        check(16, 8, 128, &[1030, 901], 1e-5);
+    }
+
+    #[test]
+    fn exp_is_exact_enough() {
+        let xs: Vec<f32> = (0..20001).map(|i| -80.0 + i as f32 * 0.004).collect();
+        let mut got = xs.clone();
+        exp_shifted(&mut got, 0.5);
+        for (x, y) in xs.iter().zip(&got) {
+            let want = ((*x - 0.5) as f64).exp();
+            assert!(
+                ((*y as f64) - want).abs() <= 4e-7 * want,
+                "exp({x} - 0.5): {y} against {want}"
+            );
+        }
+        let mut masked = [f32::NEG_INFINITY, 0.0];
+        exp_shifted(&mut masked, 0.0);
+        assert_eq!(masked, [0.0, 1.0]);
+    }
+}
