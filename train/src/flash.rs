@@ -340,10 +340,10 @@ fn backward_head<'m>(
                 false,
             );
             // dS = P ⊙ (dP − D)·scale, into dpt
-            for r in 0..rows {
+            for (r, dl) in delta[..rows].iter().enumerate() {
                 let at = r * cols..(r + 1) * cols;
                 for (g, pr) in dpt[at.clone()].iter_mut().zip(&pt[at]) {
-                    *g = pr * (*g - delta[r]) * scale;
+                    *g = pr * (*g - dl) * scale;
                 }
             }
             // dq += dS·k, dk += dSᵀ·q
@@ -370,7 +370,7 @@ fn backward_head<'m>(
 /// under 6e-9) times `2ⁿ` built in the exponent bits. Relative error within a few f32 roundings.
 fn exp_shifted(row: &mut [f32], shift: f32) {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_375;
+    const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
     const ROUND: f32 = 12_582_912.0;

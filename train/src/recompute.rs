@@ -89,7 +89,7 @@ pub(crate) enum CoreKind {
 /// The attention core of one step, with what it needs of the mask.
 enum Core {
     Tiles(flash::Mask),
-    Blocks { bias: Tensor<4>, chunk: usize },
+    Blocks { bias: Box<Tensor<4>>, chunk: usize },
 }
 
 impl Core {
@@ -99,7 +99,10 @@ impl Core {
             CoreKind::Blocks(chunk) => {
                 let bias = Tensor::<4>::zeros(inputs.mask.dims(), &inputs.mask.device())
                     .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
-                Core::Blocks { bias, chunk }
+                Core::Blocks {
+                    bias: Box::new(bias),
+                    chunk,
+                }
             }
         }
     }
