@@ -153,7 +153,7 @@ fn loss_and_grads_with(
     let embed = &model.model.embed_tokens.weight;
     let core = Core::new(kind, &inputs);
 
-    // 1. Forward without a tape, keeping each layer's input; attention in blocks as below.
+    // 1. Forward without a tape, keeping each layer's input; the attention core as `core` runs it.
     let tokens = model.token_values();
     let mut x = model.embed(
         embed.val().inner(),
