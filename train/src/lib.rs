@@ -19,7 +19,6 @@ mod checkpoint;
 pub mod cli;
 pub mod data_order;
 pub mod eval;
-mod flash;
 mod loss;
 mod metrics;
 mod micro_batch;

@@ -166,7 +166,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let taped = tokens * layers * (layer + 2 * qd * a + scores_taped);
 
     // The attention core's working memory: on the CPU, the host copies the tiles read (q, k, v,
-    // the output and its gradient; `crate::flash`) and each row's log-sum-exp; elsewhere, three
+    // the output and its gradient; `crate::model::flash`) and each row's log-sum-exp; elsewhere, three
     // blocks of scores.
     let scores = if cfg.train.backend == Backend::Cpu {
         tokens * (3 * qd + 2 * kvd) * 4 + b * nh * s * 4

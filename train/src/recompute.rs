@@ -28,7 +28,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 
-use crate::flash;
+use crate::model::flash;
 use crate::model::f16_safety::ProductChecks;
 use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
 

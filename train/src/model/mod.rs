@@ -7,14 +7,17 @@
 //!   checkpoints laid out as a download (tests, benchmarks);
 //! - [`lora`]: LoRA adapters on the projections (Burn side) and [`peft`]: their PEFT files;
 //! - [`backend`]: CPU (flex) and GPU (wgpu) devices and precisions; [`f16_safety`]: finite
-//!   checks of f16 products;
+//!   checks of f16 products; `flash`: attention in tiles on the CPU (forward and backward);
+//!   `cpu_ops`: the untaped forward's element-wise work on the CPU, fused;
 //! - [`decision_model`]: a model with its tokenizer and decision config;
 //!   [`score`]: option logits and probabilities.
 
 pub mod backend;
 pub mod config;
+pub(crate) mod cpu_ops;
 pub(crate) mod decision_model;
 pub(crate) mod f16_safety;
+pub(crate) mod flash;
 pub mod hub;
 pub mod lora;
 pub mod peft;

@@ -15,6 +15,8 @@ use burn::tensor::module::{attention, embedding, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, FloatDType};
 
+use crate::model::cpu_ops;
+use crate::model::flash;
 use crate::model::config::Qwen3Config;
 use crate::model::f16_safety::ProductChecks;
 
@@ -102,6 +104,14 @@ impl RmsNorm {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        if cpu_ops::on_plain_cpu(&x) {
+            return cpu_ops::rms_norm(x, self.weight.val(), self.eps);
+        }
+        self.forward_generic(x)
+    }
+
+    /// [`Self::forward`] in Burn operations, on any device (a tape derives its backward).
+    pub(crate) fn forward_generic<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let x = in_f32(x);
         let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
         (x / rms) * in_f32(self.weight.val()).unsqueeze()
@@ -200,6 +210,10 @@ impl Attention {
         checks: Option<&ProductChecks>,
     ) -> Tensor<3> {
         let (q, k, v) = self.qkv(x, inputs, checks);
+        if let Some(tiles) = &inputs.tiles {
+            let (out, _) = flash::forward(&q, &k, &v, tiles, self.scale() as f32);
+            return self.output(out, checks);
+        }
         let groups = self.num_heads / self.num_kv_heads;
         let out = attention(
             q,
@@ -226,6 +240,21 @@ impl Attention {
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, s, _] = x.dims();
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        if cpu_ops::on_plain_cpu(&x) {
+            let (cos, sin) = (&inputs.cos, &inputs.sin);
+            let heads = |proj: &Proj, norm: &RmsNorm, n: usize, path| {
+                let x = proj.forward_checked(x.clone(), checks, path);
+                cpu_ops::norm_rope_heads(x, n, norm.weight.val(), norm.eps, cos, sin)
+            };
+            let q = heads(&self.q_proj, &self.q_norm, h, "self_attn.q_proj");
+            let k = heads(&self.k_proj, &self.k_norm, kvh, "self_attn.k_proj");
+            let v = self
+                .v_proj
+                .forward_checked(x, checks, "self_attn.v_proj")
+                .reshape([b, s, kvh, d])
+                .swap_dims(1, 2);
+            return (q, k, v);
+        }
         let q = self.q_norm.forward(
             self.q_proj
                 .forward_checked(x.clone(), checks, "self_attn.q_proj")
@@ -263,7 +292,7 @@ impl Attention {
 }
 
 /// `x·cos + rotate_half(x)·sin` (Qwen's rotate-half convention, not interleaved pairs).
-fn rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+pub(crate) fn rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
     let d = x.dims()[3];
     let x1 = x.clone().narrow(3, 0, d / 2);
     let x2 = x.clone().narrow(3, d / 2, d / 2);
@@ -291,13 +320,17 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn forward(&self, x: Tensor<3>, checks: Option<&ProductChecks>) -> Tensor<3> {
-        let gate = silu(
-            self.gate_proj
-                .forward_checked(x.clone(), checks, "mlp.gate_proj"),
-        );
+        let gate = self
+            .gate_proj
+            .forward_checked(x.clone(), checks, "mlp.gate_proj");
         let up = self.up_proj.forward_checked(x, checks, "mlp.up_proj");
+        let act = if cpu_ops::on_plain_cpu(&gate) {
+            cpu_ops::silu_mul(gate, up)
+        } else {
+            silu(gate) * up
+        };
         self.down_proj
-            .forward_checked(gate * up, checks, "mlp.down_proj")
+            .forward_checked(act, checks, "mlp.down_proj")
     }
 }
 
@@ -470,6 +503,10 @@ pub struct LayerInputs {
     pub sin: Tensor<4>,
     /// `[b, 1, s, s]`, true = masked out.
     pub mask: Tensor<4, Bool>,
+    /// The same mask for [`flash`]'s tiles, on the plain CPU device only: there the untaped
+    /// forward pass (scoring, evaluation) runs attention in tiles that skip what the causal mask
+    /// removes, instead of the backend's attention over every query-key pair.
+    pub(crate) tiles: Option<flash::Mask>,
 }
 
 impl LayerInputs {
@@ -509,10 +546,15 @@ impl LayerInputs {
                 (device, DType::F32),
             )
         };
+        // DECISION_ATTENTION=blocks keeps the backend's attention, for comparison (docs/results.md).
+        let blocks = std::env::var("DECISION_ATTENTION").is_ok_and(|v| v == "blocks");
+        let tiles = (cpu_ops::is_plain_cpu(device) && !blocks)
+            .then(|| flash::Mask::from_masked(&mask, b, s));
         Self {
             cos: float(cos),
             sin: float(sin),
             mask: Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, s, s]), device),
+            tiles,
         }
     }
 }

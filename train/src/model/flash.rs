@@ -17,6 +17,8 @@
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 
+use crate::model::cpu_ops::exp;
+
 /// Queries and keys per tile: a 64 × 64 score tile and the 64 × 128 rows of q, k, v it reads
 /// stay in the core's L2.
 const TILE: usize = 64;
@@ -38,9 +40,15 @@ impl Mask {
             .into_data()
             .try_into_vec::<bool>()
             .expect("a bool mask");
+        Self::from_masked(&masked, b, s)
+    }
+
+    /// From `b · s · s` flags, row-major (true = masked out).
+    pub(crate) fn from_masked(masked: &[bool], b: usize, s: usize) -> Self {
+        assert_eq!(masked.len(), b * s * s, "a [b, s, s] mask");
         let bias = masked
-            .into_iter()
-            .map(|m| if m { f32::NEG_INFINITY } else { 0.0 })
+            .iter()
+            .map(|&m| if m { f32::NEG_INFINITY } else { 0.0 })
             .collect();
         Self { bias, b, s }
     }
@@ -363,32 +371,14 @@ fn backward_head<'m>(
     }
 }
 
-/// `row ← exp(row − shift)`, exactly 0 where `row` is −∞, in operations the compiler
-/// vectorises (libm's `exp` would cost as much as the tile's products): `x = n·ln 2 + r` with
-/// `n` the nearest integer to `x / ln 2` and `ln 2` in two parts (Cody and Waite), so `r` on
-/// `[−½ ln 2, ½ ln 2]` is exact to f32, then `eʳ` by its Taylor series to degree 7 (truncation
-/// under 6e-9) times `2ⁿ` built in the exponent bits. Relative error within a few f32 roundings.
+/// `row ← exp(row − shift)`, exactly 0 where `row` is −∞, by [`exp`], which the compiler
+/// vectorises (libm's `exp` would cost as much as the tile's products).
 fn exp_shifted(row: &mut [f32], shift: f32) {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
-    const ROUND: f32 = 12_582_912.0;
     for x in row.iter_mut() {
-        let y = (*x - shift).max(-87.0);
-        let n = (y * LOG2E + ROUND) - ROUND;
-        let r = (y - n * LN2_HI) - n * LN2_LO;
-        let p = 1.0
-            + r * (1.0
-                + r * (0.5
-                    + r * (1.0 / 6.0
-                        + r * (1.0 / 24.0
-                            + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
         *x = if *x == f32::NEG_INFINITY {
             0.0
         } else {
-            p * scale
+            exp(*x - shift)
         };
     }
 }
