@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -233,6 +234,100 @@ def torch_worker(args):
     json.dump(result, open(args.result, "w"))
 
 
+def step_flops(cfg, batch, seq, lora_rank, train=True):
+    """Nominal FLOPs of one micro-batch of `batch` rows of `seq` tokens (padding included), the
+    same count for both sides: every projection's product, attention as dense `s x s` products
+    (ours skips the tiles the causal mask removes, so it executes less than this), and the LoRA
+    adapters. A training step with checkpointing runs the frozen products three times (forward,
+    recomputed forward, input gradients; no weight gradients), attention's two products four times
+    over (forward, recomputed forward and the four backward products) and the adapters' four times
+    (forward, recomputed forward, input and weight gradients). A forward pass runs each once and
+    has no adapters. The head (a few option rows) is left out."""
+    h, n = cfg["hidden_size"], cfg["num_hidden_layers"]
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    inter = cfg["intermediate_size"]
+    shapes = [(h, heads * d), (h, kv * d), (h, kv * d), (heads * d, h), (h, inter), (h, inter), (inter, h)]
+    tokens = batch * seq
+    proj = sum(a * b for a, b in shapes) * 2 * tokens
+    attn = 2 * 2 * batch * heads * seq * seq * d
+    if not train:
+        return n * (proj + attn)
+    adapters = sum(a + b for a, b in shapes) * lora_rank * 2 * tokens
+    return n * (3 * proj + 4 * attn + 4 * adapters)
+
+
+def torch_forward_worker(args):
+    """The peer's forward pass (inference mode, SDPA) on the token ids `decision score
+    --emit-tokens` wrote, in the batches it formed (sorted by length, left-padded): one warm-up
+    batch, then all of them timed. Writes tokens/s and the option probabilities."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    rows = [json.loads(l) for l in open(args.states)]
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.torch_dtype]
+    dev = torch.device(args.peer_device)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa").to(dev).eval()
+    order = sorted(range(len(rows)), key=lambda i: (len(rows[i]["input_ids"]), i))
+    batches = [order[b:b + args.batch] for b in range(0, len(order), args.batch)]
+    head = model.get_output_embeddings().weight
+    probs = [None] * len(rows)
+
+    def run(idx):
+        seq = max(len(rows[i]["input_ids"]) for i in idx)
+        ids = torch.zeros(len(idx), seq, dtype=torch.long)
+        mask = torch.zeros(len(idx), seq, dtype=torch.long)
+        for j, i in enumerate(idx):
+            n = len(rows[i]["input_ids"])
+            ids[j, seq - n:] = torch.tensor(rows[i]["input_ids"])
+            mask[j, seq - n:] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = model.model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                             position_ids=pos.to(dev)).last_hidden_state[:, -1]
+        for j, i in enumerate(idx):
+            w = head[torch.tensor(rows[i]["option_token_ids"], device=dev)]
+            probs[i] = torch.softmax((hidden[j] @ w.T).float(), -1).tolist()
+
+    with torch.inference_mode():
+        run(batches[0])
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.time()
+        for idx in batches:
+            run(idx)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        secs = time.time() - t
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    json.dump({"tokens_per_s": tokens / secs, "seconds": secs, "tokens": tokens, "probs": probs},
+              open(args.result, "w"))
+
+
+def forward_side_by_side(args, model, batch, dtype, out):
+    """`decision score` against the peer's forward on the same states and token ids: tokens/s of
+    each (forward passes only, loading excluded), their ratio and the largest gap between the two
+    sides' option probabilities."""
+    scores = out / f"score-{batch}x{model.name}.jsonl"
+    cmd = [args.decision, "score", "--model", str(model), "--data", str(model / "train.jsonl"), "--out",
+           str(scores), "--batch-size", str(batch), "--dtype", dtype, "--backend", args.backend, "--emit-tokens"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"decision score failed:\n{p.stderr}")
+    m = re.search(r"scored (\d+) states \((\d+) prompt tokens\) in ([0-9.]+)s", p.stderr)
+    if not m:
+        sys.exit(f"no timing line in decision score's output:\n{p.stderr}")
+    ours = int(m.group(2)) / float(m.group(3))
+    res = out / f"torch-forward-{batch}x{model.name}.json"
+    run_measured([sys.executable, __file__, "--torch-forward-worker", "--model", str(model), "--states",
+                  str(scores), "--batch", str(batch), "--result", str(res), "--torch-dtype", args.torch_dtype,
+                  "--peer-device", args.peer_device])
+    t = json.load(open(res))
+    rows = [json.loads(l) for l in open(scores)]
+    gap = max(abs(a - b) for r, q in zip(rows, t["probs"]) for a, b in zip(r["probs"], q))
+    return {"forward_ours_tokens_per_s": ours, "forward_ours_dtype": dtype,
+            "forward_torch_tokens_per_s": t["tokens_per_s"], "forward_ratio": ours / t["tokens_per_s"],
+            "forward_max_prob_gap": gap}
+
+
 def torch_weights(model_dir):
     """Random bf16 weights for the checkpoint in `model_dir` (its config.json), by transformers'
     own initialisation, on the GPU when there is one: model.safetensors, one file."""
@@ -280,6 +375,9 @@ def main():
     ap.add_argument("--shape", default=SHAPE)
     ap.add_argument("--workloads", default="2x1024,1x2048")
     ap.add_argument("--torch-worker", action="store_true")
+    ap.add_argument("--torch-forward-worker", action="store_true")
+    ap.add_argument("--no-forward", action="store_true",
+                    help="skip the forward comparison (`decision score` against the peer's forward pass)")
     ap.add_argument("--model")
     ap.add_argument("--states")
     ap.add_argument("--batch", type=int)
@@ -297,6 +395,8 @@ def main():
     args = ap.parse_args()
     if args.torch_worker:
         return torch_worker(args)
+    if args.torch_forward_worker:
+        return torch_forward_worker(args)
     gpu = args.peer_device == "cuda"
     gflops = torch_matmul_gflops() if not gpu else {"bf16": float("nan"), "f32": float("nan")}
     if gpu and args.torch_dtype == "auto":
@@ -362,19 +462,42 @@ def main():
         r["peak_rss_ratio"] = r["ours_peak_rss_mib"] / r["torch_peak_rss_mib"]
         if gpu:
             r["peak_device_ratio"] = r["ours_peak_device_mib"] / r["torch_peak_device_mib"]
+        cfg = json.load(open(model / "config.json"))
+        lens = [len(ids) for ids, _, _ in encode_states(model, [json.loads(l) for l in open(model / "train.jsonl")])]
+        groups = [lens[i:i + batch] for i in range(0, len(lens), batch)]
+        per_token = statistics.mean(step_flops(cfg, len(g), max(g), 16) / sum(g) for g in groups)
+        r["ours_gflops"] = per_token * r["ours_tokens_per_s"] / 1e9
+        r["torch_gflops"] = per_token * r["torch_tokens_per_s"] / 1e9
+        if not args.no_forward:
+            r.update(forward_side_by_side(args, model, batch, "bf16" if args.torch_dtype == "bf16" else "f32", out))
+            fwd = statistics.mean(step_flops(cfg, len(g), max(g), 16, train=False) / sum(g) for g in groups)
+            r["forward_ours_gflops"] = fwd * r["forward_ours_tokens_per_s"] / 1e9
+            r["forward_torch_gflops"] = fwd * r["forward_torch_tokens_per_s"] / 1e9
         results[w] = r
         json.dump(results, open(out / "bench-scale.json", "w"), indent=1)
     mem = "device" if gpu else "rss"
     print(f"peer: PyTorch {args.torch_dtype} base on {args.peer_device}"
           + ("" if gpu else f" (matmul bf16 {gflops['bf16']:.1f} / f32 {gflops['f32']:.1f} GFLOPS)")
           + f"; ours: {args.backend}; memory: peak {'GPU memory in use (nvidia-smi)' if gpu else 'RSS'}")
-    print(f"{'micro-batch':<12} {'dtype':>5} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours MiB':>9} "
-          f"{'torch MiB':>10} {'ratio':>6} {'plan MiB':>9}")
+    print("training step; GFLOP/s: the nominal work of step_flops (dense attention) per second, the same count "
+          "for both sides")
+    print(f"{'micro-batch':<12} {'dtype':>5} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours GF/s':>9} "
+          f"{'torch GF/s':>10} {'ours MiB':>9} {'torch MiB':>10} {'ratio':>6} {'plan MiB':>9}")
     for w, r in results.items():
         ours_mib, torch_mib = r[f"ours_peak_{mem}_mib"], r[f"torch_peak_{mem}_mib"]
         print(f"{w:<12} {r['ours_dtype']:>5} {r['ours_tokens_per_s']:>10.1f} {r['torch_tokens_per_s']:>11.1f} "
-              f"{r['tokens_per_s_ratio']:>6.2f} {ours_mib:>9.0f} {torch_mib:>10.0f} {ours_mib / torch_mib:>6.2f} "
-              f"{r['ours_plan_gib'] * 1024:>9.0f}")
+              f"{r['tokens_per_s_ratio']:>6.2f} {r['ours_gflops']:>9.1f} {r['torch_gflops']:>10.1f} "
+              f"{ours_mib:>9.0f} {torch_mib:>10.0f} {ours_mib / torch_mib:>6.2f} {r['ours_plan_gib'] * 1024:>9.0f}")
+    if any("forward_ratio" in r for r in results.values()):
+        print("forward (decision score against the peer's forward pass, same token ids and batches)")
+        print(f"{'micro-batch':<12} {'dtype':>5} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours GF/s':>9} "
+              f"{'torch GF/s':>10} {'max |dp|':>9}")
+        for w, r in results.items():
+            if "forward_ratio" in r:
+                print(f"{w:<12} {r['forward_ours_dtype']:>5} {r['forward_ours_tokens_per_s']:>10.1f} "
+                      f"{r['forward_torch_tokens_per_s']:>11.1f} {r['forward_ratio']:>6.2f} "
+                      f"{r['forward_ours_gflops']:>9.1f} {r['forward_torch_gflops']:>10.1f} "
+                      f"{r['forward_max_prob_gap']:>9.1e}")
 
 
 if __name__ == "__main__":
