@@ -107,8 +107,9 @@ bench-export: build $(call venv,export,EXPORT_PYTHON)
 ## bench-scale: LoRA r16 at the Qwen3-0.6B shape (random bf16 weights), micro-batches 2 x 1024 and
 ## 1 x 2048 tokens: `decision train` (bf16 base, recompute) vs PyTorch + transformers + peft (bf16
 ## where the CPU computes it, else f32; gradient checkpointing, SDPA), tokens/s and peak RSS as
-## ratios, beside `--plan`. Python: bench-train's venv (scripts/requirements-train.txt) unless
-## SCALE_PYTHON or TRAIN_PYTHON names one. About 40 minutes on 2 cores.
+## ratios, beside `--plan`, and sustained GFLOP/s; then `decision score` against the peer's forward
+## pass on the same token ids, tokens/s. Python: bench-train's venv (scripts/requirements-train.txt)
+## unless SCALE_PYTHON or TRAIN_PYTHON names one. About an hour on 2 cores.
 bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,TRAIN_PYTHON))
 	$(CARGO) build --workspace --example random_qwen3
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale

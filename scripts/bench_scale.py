@@ -14,7 +14,12 @@ alpha 32, no dropout, on all seven projections. Two workloads: micro-batches of 
 1 x 2048 tokens (the states' contexts are padded to those lengths). Each side runs STEPS
 optimizer steps; tokens/s is the median over the steps after the first; peak memory is the
 process's max RSS (the whole run: loading, training and, for ours, the final evaluation and
-save). `decision train --plan` is printed beside our peak. Writes OUT/bench-scale.json.
+save). `decision train --plan` is printed beside our peak. Both sides' sustained GFLOP/s count the
+same nominal work (step_flops: dense attention, though ours skips the masked tiles). Then the
+forward pass (skip it with --no-forward): `decision score` on the training states, in the batch
+size of the workload and the peer's dtype, against the peer's forward on the token ids and batches
+ours emitted; tokens/s of the forward passes alone, and the largest gap in option probabilities.
+Writes OUT/bench-scale.json.
 
 The peer's dtype: `--torch-dtype bf16` as asked, `f32`, or `auto` (the default): time a
 1024 x 1024 x 1024 matmul in both and use bf16 unless it is over 4x slower than f32. CPUs without
@@ -306,7 +311,8 @@ def forward_side_by_side(args, model, batch, dtype, out):
     """`decision score` against the peer's forward on the same states and token ids: tokens/s of
     each (forward passes only, loading excluded), their ratio and the largest gap between the two
     sides' option probabilities."""
-    scores = out / f"score-{batch}x{model.name}.jsonl"
+    w = f"{batch}x{model.name.removeprefix('model-')}"
+    scores = out / f"score-{w}.jsonl"
     cmd = [args.decision, "score", "--model", str(model), "--data", str(model / "train.jsonl"), "--out",
            str(scores), "--batch-size", str(batch), "--dtype", dtype, "--backend", args.backend, "--emit-tokens"]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -316,7 +322,7 @@ def forward_side_by_side(args, model, batch, dtype, out):
     if not m:
         sys.exit(f"no timing line in decision score's output:\n{p.stderr}")
     ours = int(m.group(2)) / float(m.group(3))
-    res = out / f"torch-forward-{batch}x{model.name}.json"
+    res = out / f"torch-forward-{w}.json"
     run_measured([sys.executable, __file__, "--torch-forward-worker", "--model", str(model), "--states",
                   str(scores), "--batch", str(batch), "--result", str(res), "--torch-dtype", args.torch_dtype,
                   "--peer-device", args.peer_device])

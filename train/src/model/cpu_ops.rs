@@ -96,9 +96,9 @@ pub(crate) fn norm_rope_heads(
     let (cos, sin) = (host(cos.clone()), host(sin.clone()));
     let (xs, w, cos, sin) = (f32s(&x), f32s(&w), f32s(&cos), f32s(&sin));
     let mut out = vec![0f32; xs.len()];
-    out.par_chunks_mut(s * d)
-        .enumerate()
-        .for_each_init(|| vec![0f32; d], |y, (bh, out)| {
+    out.par_chunks_mut(s * d).enumerate().for_each_init(
+        || vec![0f32; d],
+        |y, (bh, out)| {
             let (bi, hi) = (bh / heads, bh % heads);
             for (si, o) in out.chunks_exact_mut(d).enumerate() {
                 let row = (bi * s + si) * hd + hi * d;
@@ -114,7 +114,8 @@ pub(crate) fn norm_rope_heads(
                     o[i + half] = y[i + half] * c[i + half] + y[i] * sn[i + half];
                 }
             }
-        });
+        },
+    );
     tensor(out, [b, heads, s, d])
 }
 
@@ -155,7 +156,8 @@ pub(crate) fn exp(y: f32) -> f32 {
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
@@ -172,7 +174,7 @@ mod tests {
     }
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().into_vec::<f32>().unwrap()
+        t.into_data().try_into_vec::<f32>().unwrap()
     }
 
     /// Every element within `tol` of the generic path's, relative to the tensor's largest.
@@ -243,8 +245,14 @@ mod tests {
             let y = -87.0 + i as f32 * 0.005;
             let want = (y as f64).exp();
             let got = exp(y) as f64;
-            assert!((got - want).abs() <= 4e-7 * want, "exp({y}): {got} against {want}");
+            assert!(
+                (got - want).abs() <= 4e-7 * want,
+                "exp({y}): {got} against {want}"
+            );
         }
-        assert!(exp(-1e4) > 0.0 && exp(1e4).is_finite(), "clamped at both ends");
+        assert!(
+            exp(-1e4) > 0.0 && exp(1e4).is_finite(),
+            "clamped at both ends"
+        );
     }
 }
