@@ -28,8 +28,8 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 
-use crate::model::flash;
 use crate::model::f16_safety::ProductChecks;
+use crate::model::flash;
 use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,

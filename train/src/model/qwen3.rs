@@ -15,10 +15,10 @@ use burn::tensor::module::{attention, embedding, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, FloatDType};
 
-use crate::model::cpu_ops;
-use crate::model::flash;
 use crate::model::config::Qwen3Config;
+use crate::model::cpu_ops;
 use crate::model::f16_safety::ProductChecks;
+use crate::model::flash;
 
 /// A linear projection `y = x·W (+ b)`, with `W` held as `[d_in, d_out]` (Burn's layout; the
 /// checkpoint's `[d_out, d_in]` is transposed on load and save).
@@ -329,8 +329,7 @@ impl Mlp {
         } else {
             silu(gate) * up
         };
-        self.down_proj
-            .forward_checked(act, checks, "mlp.down_proj")
+        self.down_proj.forward_checked(act, checks, "mlp.down_proj")
     }
 }
 
