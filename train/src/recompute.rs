@@ -87,15 +87,20 @@ pub(crate) enum CoreKind {
 }
 
 /// The attention core of one step, with what it needs of the mask.
-enum Core {
-    Tiles(flash::Mask),
+enum Core<'a> {
+    Tiles(&'a flash::Mask),
     Blocks { bias: Box<Tensor<4>>, chunk: usize },
 }
 
-impl Core {
-    fn new(kind: CoreKind, inputs: &LayerInputs) -> Self {
+impl<'a> Core<'a> {
+    fn new(kind: CoreKind, inputs: &'a LayerInputs) -> Self {
         match kind {
-            CoreKind::Tiles => Core::Tiles(flash::Mask::new(&inputs.mask)),
+            CoreKind::Tiles => Core::Tiles(
+                inputs
+                    .tiles
+                    .as_ref()
+                    .expect("the tiles' mask is built on the plain CPU device"),
+            ),
             CoreKind::Blocks(chunk) => {
                 let bias = Tensor::<4>::zeros(inputs.mask.dims(), &inputs.mask.device())
                     .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);

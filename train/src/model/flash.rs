@@ -5,16 +5,18 @@
 //! threads; each tile's products go to the `gemm` crate (the kernels Burn's `flex` backend uses
 //! for its own matmuls) on the calling thread.
 //!
-//! Used by layer recomputation ([`crate::recompute`]) on the CPU backend, where Burn's generic
+//! Used on the CPU backend by every untaped forward pass (`decision score`, evaluation) and by
+//! layer recomputation (`crate::recompute`, forward and backward), where Burn's generic
 //! operations would make about fifteen single-threaded passes over every score block; other
-//! backends keep the blocked path built of Burn operations. Both give the same values and
-//! gradients to float rounding (tests below, at a tiny and at the 0.6B shape).
+//! backends keep Burn's attention and recomputation's blocked path built of Burn operations.
+//! Both give the same values and gradients to float rounding (tests below, at a tiny and at the
+//! 0.6B shape).
 //!
 //! The backward pass is FlashAttention-2's: the forward keeps each row's log-sum-exp, the
 //! backward recomputes each tile's probabilities from it, and with `D = rowsum(dO ⊙ O)`:
 //! `dV += Pᵀ·dO`, `dS = P ⊙ (dO·Vᵀ − D)·scale`, `dQ += dS·K`, `dK += dSᵀ·Q`.
 
-use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 
 use crate::model::cpu_ops::exp;
@@ -32,18 +34,8 @@ pub(crate) struct Mask {
 }
 
 impl Mask {
-    /// From the model's boolean mask `[b, 1, s, s]` (true = masked out).
-    pub(crate) fn new(mask: &Tensor<4, Bool>) -> Self {
-        let [b, _, s, _] = mask.dims();
-        let masked = mask
-            .clone()
-            .into_data()
-            .try_into_vec::<bool>()
-            .expect("a bool mask");
-        Self::from_masked(&masked, b, s)
-    }
-
-    /// From `b · s · s` flags, row-major (true = masked out).
+    /// From `b · s · s` flags, row-major (true = masked out): the model's mask `[b, 1, s, s]`,
+    /// which [`LayerInputs`](crate::model::qwen3::LayerInputs) builds this from on the CPU.
     pub(crate) fn from_masked(masked: &[bool], b: usize, s: usize) -> Self {
         assert_eq!(masked.len(), b * s * s, "a [b, s, s] mask");
         let bias = masked
@@ -475,9 +467,9 @@ mod tests {
         let want = attention_forward(&q, &k, &v, &bias, scale, chunk);
         let want_grads = attention_backward(&q, &k, &v, &want, &d_out, &bias, scale, chunk);
 
-        let mask = Mask::new(&inputs.mask);
-        let (got, saved) = forward(&q, &k, &v, &mask, scale as f32);
-        let got_grads = backward(&q, &k, &v, &got, &saved, &d_out, &mask, scale as f32);
+        let mask = inputs.tiles.as_ref().expect("the CPU's tiles mask");
+        let (got, saved) = forward(&q, &k, &v, mask, scale as f32);
+        let got_grads = backward(&q, &k, &v, &got, &saved, &d_out, mask, scale as f32);
         let pairs = [
             ("out", &got, &want),
             ("dq", &got_grads.0, &want_grads.0),
