@@ -27,6 +27,7 @@ pub mod plan;
 mod plots;
 mod receipts;
 mod recompute;
+mod replay;
 pub mod run;
 pub mod run_config;
 pub mod run_folder;

@@ -1120,7 +1120,7 @@ fn resume_passes_over_a_damaged_checkpoint() {
 // ---- f16 safety -------------------------------------------------------------------------
 
 /// Every float weight of `model` cast to `dtype`, as a checkpoint loaded in that dtype holds it.
-fn cast_weights(model: Qwen3, dtype: burn::tensor::FloatDType) -> Qwen3 {
+pub(crate) fn cast_weights(model: Qwen3, dtype: burn::tensor::FloatDType) -> Qwen3 {
     struct Cast(burn::tensor::FloatDType);
     impl ModuleMapper for Cast {
         fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {

@@ -28,12 +28,7 @@ pub(crate) fn is_plain_cpu(device: &Device) -> bool {
 
 /// `t`'s values in f32, row-major (no copy when `t` is f32, contiguous and not shared).
 fn host<const D: usize>(t: Tensor<D>) -> TensorData {
-    let t = if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(FloatDType::F32)
-    };
-    t.into_data()
+    in_f32(t).into_data()
 }
 
 fn f32s(data: &TensorData) -> &[f32] {
@@ -137,6 +132,186 @@ pub(crate) fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor
     Tensor::<D>::from_data(g, (&Device::flex(), DType::F32)).reshape(dims)
 }
 
+/// `t`'s values rounded to the nearest bf16 (ties to even) and kept in f32: what a cast to bf16
+/// and back gives, in place when `t` is not shared.
+pub(crate) fn round_bf16<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    let dims = t.dims();
+    let mut data = host(t);
+    data.as_mut_slice::<f32>()
+        .expect("f32 values")
+        .par_chunks_mut(4096)
+        .for_each(|c| {
+            for x in c {
+                *x = half::bf16::from_f32(*x).to_f32();
+            }
+        });
+    Tensor::<D>::from_data(data, (&Device::flex(), DType::F32)).reshape(dims)
+}
+
+/// A weight's values in f32: a bf16 one converted over rayon's threads (flex converts both
+/// operands of every bf16 product on one thread), any other dtype as Burn casts it.
+pub(crate) fn widen(w: Tensor<2>) -> Tensor<2> {
+    if w.dtype() != DType::BF16 {
+        return in_f32(w);
+    }
+    let dims = w.dims();
+    let data = w.into_data();
+    let half = data.as_slice::<half::bf16>().expect("bf16 values");
+    let mut out = vec![0f32; half.len()];
+    out.par_chunks_mut(4096)
+        .zip(half.par_chunks(4096))
+        .for_each(|(o, h)| {
+            for (o, h) in o.iter_mut().zip(h) {
+                *o = h.to_f32();
+            }
+        });
+    tensor(out, dims)
+}
+
+fn in_f32<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(FloatDType::F32)
+    }
+}
+
+/// `x·W` for a bf16 weight, given `W` widened to f32 ([`widen`]): `x` rounded to bf16, the
+/// product in f32, the output rounded to bf16. The values flex's bf16 product gives (its gemm is
+/// the same f32 one), with the conversions on every thread instead of one.
+pub(crate) fn bf16_product(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    round_bf16(round_bf16(x).matmul(w))
+}
+
+/// The gradient of [`rms_norm`]'s input `x` given its output's gradient `dy` (the weight frozen):
+/// with `r = 1/sqrt(mean(x²) + eps)`, `dx = r·(w⊙dy − x·r²·mean(x⊙w⊙dy))`; `plus` added to it.
+pub(crate) fn rms_norm_backward<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<1>,
+    eps: f64,
+    dy: Tensor<D>,
+    plus: Tensor<D>,
+) -> Tensor<D> {
+    let dims = x.dims();
+    let n = dims[D - 1];
+    let (x, w, dy) = (host(x), host(weight), host(dy));
+    let (xs, w, dys) = (f32s(&x), f32s(&w), f32s(&dy));
+    let mut out = host(plus);
+    out.as_mut_slice::<f32>()
+        .expect("f32 values")
+        .par_chunks_mut(n * ROWS_PER_TASK)
+        .zip(xs.par_chunks(n * ROWS_PER_TASK))
+        .zip(dys.par_chunks(n * ROWS_PER_TASK))
+        .for_each(|((out, xs), dys)| {
+            for ((o, x), dy) in out
+                .chunks_exact_mut(n)
+                .zip(xs.chunks_exact(n))
+                .zip(dys.chunks_exact(n))
+            {
+                rms_row_backward(x, w, dy, eps as f32, o);
+            }
+        });
+    Tensor::<D>::from_data(out, (&Device::flex(), DType::F32)).reshape(dims)
+}
+
+/// One row of RMSNorm's backward, `dx` added into `out`.
+#[inline]
+fn rms_row_backward(x: &[f32], w: &[f32], dy: &[f32], eps: f32, out: &mut [f32]) {
+    let r = inv_rms(x, eps);
+    let mut lanes = [0f32; 8];
+    let mut tail = 0f32;
+    let (xc, wc, dc) = (x.chunks_exact(8), w.chunks_exact(8), dy.chunks_exact(8));
+    for ((x, w), dy) in xc
+        .remainder()
+        .iter()
+        .zip(wc.remainder())
+        .zip(dc.remainder())
+    {
+        tail += x * w * dy;
+    }
+    for ((x, w), dy) in xc.zip(wc).zip(dc) {
+        for (((l, x), w), dy) in lanes.iter_mut().zip(x).zip(w).zip(dy) {
+            *l += x * w * dy;
+        }
+    }
+    let dot = lanes.iter().sum::<f32>() + tail;
+    let c = r * r * dot / x.len() as f32;
+    for (((o, x), w), dy) in out.iter_mut().zip(x).zip(w).zip(dy) {
+        *o += r * (w * dy - x * c);
+    }
+}
+
+/// The gradient of [`norm_rope_heads`]' input `x` (`[b, s, heads · d]`) given its output's
+/// gradient `dy` (`[b, heads, s, d]`): the rotation undone (its transpose is the rotation by the
+/// opposite angle), then each head's RMSNorm backward (the weight frozen).
+pub(crate) fn norm_rope_heads_backward(
+    x: Tensor<3>,
+    heads: usize,
+    weight: Tensor<1>,
+    eps: f64,
+    (cos, sin): (&Tensor<4>, &Tensor<4>),
+    dy: Tensor<4>,
+) -> Tensor<3> {
+    let [b, s, hd] = x.dims();
+    let d = hd / heads;
+    let half = d / 2;
+    let (x, w, dy) = (host(x), host(weight), host(dy));
+    let (cos, sin) = (host(cos.clone()), host(sin.clone()));
+    let (xs, w, dys, cos, sin) = (f32s(&x), f32s(&w), f32s(&dy), f32s(&cos), f32s(&sin));
+    let mut out = vec![0f32; xs.len()];
+    // One task per token: it owns that token's row of every head.
+    out.par_chunks_mut(hd).enumerate().for_each_init(
+        || vec![0f32; d],
+        |dn, (row, out)| {
+            let (bi, si) = (row / s, row % s);
+            let at = row * d;
+            let (c, sn) = (&cos[at..at + d], &sin[at..at + d]);
+            for hi in 0..heads {
+                let g = &dys[((bi * heads + hi) * s + si) * d..][..d];
+                for i in 0..half {
+                    dn[i] = g[i] * c[i] + g[i + half] * sn[i + half];
+                    dn[i + half] = g[i + half] * c[i + half] - g[i] * sn[i];
+                }
+                let x = &xs[row * hd + hi * d..][..d];
+                rms_row_backward(x, w, dn, eps as f32, &mut out[hi * d..(hi + 1) * d]);
+            }
+        },
+    );
+    tensor(out, [b, s, hd])
+}
+
+/// The gradients `(d gate, d up)` of [`silu_mul`] given its output's gradient `da`: with
+/// `σ = 1/(1 + e^−g)`, `d up = da·g·σ` and `d gate = da·up·σ·(1 + g·(1 − σ))`.
+pub(crate) fn silu_mul_backward<const D: usize>(
+    gate: Tensor<D>,
+    up: Tensor<D>,
+    da: Tensor<D>,
+) -> (Tensor<D>, Tensor<D>) {
+    let dims = gate.dims();
+    let (gate, up) = (host(gate), host(up));
+    let (g, u) = (f32s(&gate), f32s(&up));
+    // d gate over da's buffer, d up in a new one.
+    let mut dg = host(da);
+    let mut du = vec![0f32; g.len()];
+    dg.as_mut_slice::<f32>()
+        .expect("f32 values")
+        .par_chunks_mut(4096)
+        .zip(du.par_chunks_mut(4096))
+        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
+        .for_each(|((dg, du), (g, u))| {
+            for (((dg, du), g), u) in dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u) {
+                let sig = 1.0 / (1.0 + exp(-*g));
+                let da = *dg;
+                *du = da * g * sig;
+                *dg = da * u * sig * (1.0 + g * (1.0 - sig));
+            }
+        });
+    (
+        Tensor::<D>::from_data(dg, (&Device::flex(), DType::F32)).reshape(dims),
+        tensor(du, dims),
+    )
+}
+
 /// `eʸ` in f32 for `y` clamped to `[−87, 88]` (an f32's normal range), without a libm call, so
 /// loops over it vectorise: `y = n·ln 2 + r` with `n` the nearest integer to `y / ln 2` and
 /// `ln 2` in two parts (Cody and Waite), so `r` on `[−½ ln 2, ½ ln 2]` is exact to f32, then `eʳ`
@@ -236,6 +411,103 @@ mod tests {
             let got = silu_mul(gate.clone(), up);
             assert_eq!(values(gate), kept, "the shared input is not written");
             assert_close("silu_mul", got, want, 1e-6);
+        }
+    }
+
+    /// `x`'s gradient through `f` (Burn's operations, taped) for the output gradient `dy`.
+    fn taped_grad<const D: usize, const E: usize>(
+        x: Tensor<D>,
+        dy: Tensor<E>,
+        f: impl FnOnce(Tensor<D>) -> Tensor<E>,
+    ) -> Tensor<D> {
+        let ad = Device::flex().autodiff();
+        let x = Tensor::<D>::from_data(x.into_data(), &ad).require_grad();
+        let y = f(x.clone());
+        let dy = Tensor::<E>::from_data(dy.into_data(), &ad);
+        let grads = (y * dy).sum().backward();
+        x.grad(&grads).expect("x feeds the output")
+    }
+
+    #[test]
+    fn rms_norm_backward_matches_the_taped_gradient() {
+        for (i, &(b, s, hidden, ..)) in SHAPES.iter().enumerate() {
+            let x = random([b, s, hidden], 71 + i as u64);
+            let dy = random([b, s, hidden], 72 + i as u64);
+            let plus = random([b, s, hidden], 73 + i as u64);
+            let norm = RmsNorm::new(random([hidden], 74 + i as u64), 1e-6);
+            let w = norm.weight.val();
+            let want = taped_grad(x.clone(), dy.clone(), |x| {
+                RmsNorm::new(Tensor::from_data(w.to_data(), &x.device()), 1e-6).forward_generic(x)
+            }) + plus.clone();
+            let got = rms_norm_backward(x, w, norm.eps, dy, plus);
+            assert_close("rms_norm_backward", got, want, 1e-5);
+        }
+    }
+
+    #[test]
+    fn norm_rope_heads_backward_matches_the_taped_gradient() {
+        for (i, &(b, s, _, heads, d, _)) in SHAPES.iter().enumerate() {
+            let x = random([b, s, heads * d], 81 + i as u64);
+            let dy = random([b, heads, s, d], 82 + i as u64);
+            let w = random([d], 83 + i as u64);
+            let angles = random([b, 1, s, d], 84 + i as u64).mul_scalar(3.0);
+            let (cos, sin) = (angles.clone().cos(), angles.sin());
+            let want = taped_grad(x.clone(), dy.clone(), |x| {
+                let ad = x.device();
+                let norm = RmsNorm::new(Tensor::from_data(w.to_data(), &ad), 1e-6);
+                let (c, sn) = (
+                    Tensor::from_data(cos.to_data(), &ad),
+                    Tensor::from_data(sin.to_data(), &ad),
+                );
+                rope(
+                    norm.forward_generic(x.reshape([b, s, heads, d]))
+                        .swap_dims(1, 2),
+                    &c,
+                    &sn,
+                )
+            });
+            let got = norm_rope_heads_backward(x, heads, w, 1e-6, (&cos, &sin), dy);
+            assert_close("norm_rope_heads_backward", got, want, 1e-5);
+        }
+    }
+
+    #[test]
+    fn silu_mul_backward_matches_the_taped_gradients() {
+        for (i, &(b, s, _, _, _, inter)) in SHAPES.iter().enumerate() {
+            let gate = random([b, s, inter], 91 + i as u64).mul_scalar(8.0);
+            let up = random([b, s, inter], 92 + i as u64);
+            let da = random([b, s, inter], 93 + i as u64);
+            let up_ad = Tensor::<3>::from_data(up.to_data(), &Device::flex().autodiff());
+            let want_gate = taped_grad(gate.clone(), da.clone(), |g| {
+                burn::tensor::activation::silu(g) * up_ad
+            });
+            let gate_ad = Tensor::<3>::from_data(gate.to_data(), &Device::flex().autodiff());
+            let want_up = taped_grad(up.clone(), da.clone(), |u| {
+                burn::tensor::activation::silu(gate_ad) * u
+            });
+            let (d_gate, d_up) = silu_mul_backward(gate, up, da);
+            assert_close("silu_mul_backward: gate", d_gate, want_gate, 1e-5);
+            assert_close("silu_mul_backward: up", d_up, want_up, 1e-5);
+        }
+    }
+
+    /// The bf16 product over all threads gives exactly flex's values for a bf16 cast, product and
+    /// cast back, forward and (through a transposed view) backward.
+    #[test]
+    fn bf16_product_is_flexs() {
+        for (i, &(b, s, hidden, _, _, inter)) in SHAPES.iter().enumerate() {
+            let x = random([b * s, hidden], 101 + i as u64);
+            let w = random([hidden, inter], 102 + i as u64).cast(FloatDType::BF16);
+            let dy = random([b * s, inter], 103 + i as u64);
+            let bf = |t: Tensor<2>| t.cast(FloatDType::BF16);
+            let want = bf(x.clone()).matmul(w.clone()).cast(FloatDType::F32);
+            let got = bf16_product(x, widen(w.clone()));
+            assert_eq!(values(got), values(want), "forward");
+            let want = bf(dy.clone())
+                .matmul(w.clone().transpose())
+                .cast(FloatDType::F32);
+            let got = bf16_product(dy, widen(w).transpose());
+            assert_eq!(values(got), values(want), "backward");
         }
     }
 

@@ -62,6 +62,9 @@ impl Proj {
         let bias = self.bias.as_ref().map(|b| b.val());
         let y = if x.dtype() == weight.dtype() {
             linear(x.clone(), weight, bias)
+        } else if weight.dtype() == DType::BF16 && bias.is_none() && cpu_ops::on_plain_cpu(&x) {
+            // The same values, with the conversions over every thread (flex's are on one).
+            cpu_ops::bf16_product(x.clone(), cpu_ops::widen(weight))
         } else {
             // A bf16 / f16 base: the product in the weights' dtype, the output back in the
             // activations' (f32), so the residual stream and the adapter's delta stay f32.
