@@ -72,13 +72,14 @@ fn the_4b_config_plans_the_dtype_the_cpu_runs() {
         "{out}"
     );
     let bf16 = total_gib(&out);
-    // f32 weights take twice the memory: the plan follows the dtype, not the config's word
+    // f32 weights take twice the memory (7.5 GiB more, less the 0.4 GiB a bf16 base's replay
+    // widens one layer to): the plan follows the dtype, not the config's word
     let o = plan(
         model.path(),
         &["--backend", "cpu", "--set", "train.dtype=f32"],
     );
     let f32 = total_gib(&stdout(&o));
-    assert!(f32 > bf16 + 7.0, "f32 {f32} GiB vs bf16 {bf16} GiB");
+    assert!(f32 > bf16 + 6.5, "f32 {f32} GiB vs bf16 {bf16} GiB");
 }
 
 #[test]

@@ -177,7 +177,15 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the
     // hand-made attention core; its working memory; the gradient flowing between layers.
     let core = (2 * qd + 2 * kvd) * 4 * 2;
-    let recompute = tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + scores;
+    // On the CPU a bf16 base's replay (`crate::replay`) widens the layer's frozen weights to f32
+    // for its products, one layer at a time.
+    let widened = if cfg.train.backend == Backend::Cpu && w != 4 {
+        (2 * h * qd + 2 * h * kvd + 3 * h * i) * 4
+    } else {
+        0
+    };
+    let recompute =
+        tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + scores + widened;
     // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
     // With trainable tokens a tied head is rebuilt with their rows for that product: an f32 copy
     // and one in the weights' dtype.

@@ -12,6 +12,9 @@
 //!    into it (the backward of `Σ out ⊙ g` is the vector–Jacobian product), which gives the
 //!    layer's parameter gradients and the next `g`.
 //!
+//! A LoRA run on the CPU does step 3 without a tape: [`replay`] writes the layer's backward out by
+//! hand. Elsewhere the layer is replayed through Burn's tape, as follows.
+//!
 //! Within a layer the attention core is not taped at all. On the CPU, [`flash`] computes it and
 //! its gradient in tiles of queries and keys, with no score tensor. On other backends
 //! [`attention_forward`] and [`attention_backward`] do, block by block of queries, of Burn
@@ -413,9 +416,10 @@ mod tests {
         }
     }
 
-    /// In f32: each tensor within 1e-5 relative in L2 norm, every element within 1e-4 of the
-    /// tensor's largest.
-    const F32_TOL: (f64, f32) = (1e-5, 1e-4);
+    /// In f32: each tensor within 3e-5 relative in L2 norm, every element within 1e-4 of the
+    /// tensor's largest. (An untaped pass adds each adapter's term inside its product, a fused
+    /// multiply-add that the taped pass rounds in two steps: 1.02e-5 on one small gradient.)
+    const F32_TOL: (f64, f32) = (3e-5, 1e-4);
 
     /// Recomputed gradients against the ordinary taped pass: the same parameters, each tensor
     /// within `tol.0` relative in L2 norm and every element within `tol.1` of the tensor's

@@ -81,10 +81,7 @@ impl<'a> Product<'a> {
         let xa = self.adapter_input(x);
         let y = match (&self.proj.lora, &xa) {
             (Some(ad), Some(xa)) => {
-                base + xa
-                    .clone()
-                    .matmul(ad.lora_b.val().inner())
-                    .mul_scalar(ad.scaling)
+                cpu_ops::add_product(base, xa.clone(), ad.lora_b.val().inner(), ad.scaling)
             }
             _ => base,
         };
@@ -118,7 +115,7 @@ impl<'a> Product<'a> {
         if a.is_require_grad() {
             grads.register(ad.lora_a.id, x.clone().transpose().matmul(u.clone()));
         }
-        dx + u.matmul(a.inner().transpose())
+        cpu_ops::add_product(dx, u, a.inner().transpose(), 1.0)
     }
 }
 

@@ -183,6 +183,77 @@ pub(crate) fn bf16_product(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     round_bf16(round_bf16(x).matmul(w))
 }
 
+/// `y + scale·a·b` for `a` `[m, k]` and `b` `[k, n]`, written over `y`'s buffer when it is not
+/// shared: an adapter's low-rank term added by the product that computes it, instead of Burn's
+/// scale and add, two more passes over `y` on one thread. `a` and `b` are the small factors.
+pub(crate) fn add_product(y: Tensor<2>, a: Tensor<2>, b: Tensor<2>, scale: f64) -> Tensor<2> {
+    let [m, n] = y.dims();
+    let k = a.dims()[1];
+    assert_eq!((a.dims()[0], b.dims()), (m, [k, n]), "add_product: shapes");
+    let mut out = host(y);
+    let (a, b) = (host(a), host(b));
+    let c = out.as_mut_slice::<f32>().expect("f32 values");
+    gemm(
+        (m, n, k),
+        (f32s(&a), (k, 1)),
+        (f32s(&b), (n, 1)),
+        c,
+        true,
+        scale as f32,
+        true,
+    );
+    Tensor::<2>::from_data(out, (&Device::flex(), DType::F32))
+}
+
+/// `c = scale·a·b`, or `c += scale·a·b` with `accumulate`, for an `m × k` `a` and a `k × n` `b`,
+/// each addressed by `(row stride, column stride)` from the start of its slice, `c` row-major
+/// `m × n`; over rayon's threads with `parallel`, else on this one.
+pub(crate) fn gemm(
+    (m, n, k): (usize, usize, usize),
+    (a, (a_rs, a_cs)): (&[f32], (usize, usize)),
+    (b, (b_rs, b_cs)): (&[f32], (usize, usize)),
+    c: &mut [f32],
+    accumulate: bool,
+    scale: f32,
+    parallel: bool,
+) {
+    let last = |rs: usize, cs: usize, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(m > 0 && n > 0 && k > 0);
+    assert!(last(a_rs, a_cs, m, k) < a.len(), "lhs out of bounds");
+    assert!(last(b_rs, b_cs, k, n) < b.len(), "rhs out of bounds");
+    assert!(m * n <= c.len(), "output out of bounds");
+    let parallelism = if parallel {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: every element addressed is in bounds (asserted above), and `c` does not alias
+    // `a` or `b` (a `&mut` next to two `&`).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
 /// The gradient of [`rms_norm`]'s input `x` given its output's gradient `dy` (the weight frozen):
 /// with `r = 1/sqrt(mean(x²) + eps)`, `dx = r·(w⊙dy − x·r²·mean(x⊙w⊙dy))`; `plus` added to it.
 pub(crate) fn rms_norm_backward<const D: usize>(
@@ -508,6 +579,27 @@ mod tests {
                 .cast(FloatDType::F32);
             let got = bf16_product(dy, widen(w).transpose());
             assert_eq!(values(got), values(want), "backward");
+        }
+    }
+
+    /// An adapter's term added inside its product: `y + s·(x·A)·B` as Burn's product, scale and
+    /// add give it, with `A` read through a transposed view (as the backward's `u·Aᵀ` is).
+    #[test]
+    fn add_product_matches_burns_scale_and_add() {
+        for (i, &(b, s, hidden, _, _, inter)) in SHAPES.iter().enumerate() {
+            let rank = [2, 16][i];
+            let y = random([b * s, inter], 111 + i as u64);
+            let xa = random([b * s, rank], 112 + i as u64);
+            let lora_b = random([rank, inter], 113 + i as u64);
+            let want = y.clone() + xa.clone().matmul(lora_b.clone()).mul_scalar(2.0);
+            let got = add_product(y.clone(), xa, lora_b, 2.0);
+            assert_close("add_product", got, want, 1e-6);
+            let u = random([b * s, rank], 114 + i as u64);
+            let a = random([hidden, rank], 115 + i as u64);
+            let dx = random([b * s, hidden], 116 + i as u64);
+            let want = dx.clone() + u.clone().matmul(a.clone().transpose());
+            let got = add_product(dx, u, a.transpose(), 1.0);
+            assert_close("add_product, transposed", got, want, 1e-6);
         }
     }
 

@@ -19,7 +19,7 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 
-use crate::model::cpu_ops::exp;
+use crate::model::cpu_ops::{self, exp};
 
 /// Queries and keys per tile: a 64 × 64 score tile and the 64 × 128 rows of q, k, v it reads
 /// stay in the core's L2.
@@ -383,42 +383,21 @@ fn mm(
     n: usize,
     k: usize,
     a: &[f32],
-    (a_rs, a_cs): (usize, usize),
+    a_strides: (usize, usize),
     b: &[f32],
-    (b_rs, b_cs): (usize, usize),
+    b_strides: (usize, usize),
     c: &mut [f32],
     accumulate: bool,
 ) {
-    let last = |rs: usize, cs: usize, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
-    assert!(m > 0 && n > 0 && k > 0);
-    assert!(last(a_rs, a_cs, m, k) < a.len(), "lhs out of bounds");
-    assert!(last(b_rs, b_cs, k, n) < b.len(), "rhs out of bounds");
-    assert!(m * n <= c.len(), "output out of bounds");
-    // SAFETY: every element addressed is in bounds (asserted above), and `c` does not alias
-    // `a` or `b` (a `&mut` next to two `&`).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    cpu_ops::gemm(
+        (m, n, k),
+        (a, a_strides),
+        (b, b_strides),
+        c,
+        accumulate,
+        1.0,
+        false,
+    );
 }
 
 #[cfg(test)]

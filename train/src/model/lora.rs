@@ -318,9 +318,13 @@ pub fn load_peft(model: Qwen3, dir: &Path) -> Result<(Qwen3, LoraSpec, String)> 
             else {
                 continue;
             };
+            // PEFT's `[out, in]` transposed on the host: row-major in Burn's `[in, out]` layout,
+            // as attach makes them, so a loaded adapter's products read it as a trained one's.
             let tensor = |m: &Matrix| {
-                Tensor::<2>::from_data(TensorData::new(m.data.clone(), [m.rows, m.cols]), &device)
-                    .transpose()
+                let t: Vec<f32> = (0..m.cols * m.rows)
+                    .map(|i| m.data[(i % m.rows) * m.cols + i / m.rows])
+                    .collect();
+                Tensor::<2>::from_data(TensorData::new(t, [m.cols, m.rows]), &device)
             };
             proj.lora = Some(adapter(
                 tensor(&pair.a),

@@ -77,6 +77,11 @@ impl Proj {
             y.cast(dtype)
         };
         let y = match &self.lora {
+            // Untaped on the CPU dropout is off: the low-rank term adds itself in its product.
+            Some(ad) if cpu_ops::on_plain_cpu(&y) && y.dtype() == ad.lora_a.val().dtype() => {
+                let xa = in_f32(x).matmul(ad.lora_a.val());
+                cpu_ops::add_product(y, xa, ad.lora_b.val(), ad.scaling)
+            }
             Some(adapter) => y + adapter.delta(x),
             None => y,
         };
