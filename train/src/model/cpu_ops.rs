@@ -1,17 +1,21 @@
-//! The element-wise work of an untaped forward pass on the CPU, fused and shared over rayon's
-//! threads: RMSNorm, the query/key heads' RMSNorm and rotation (with the move to head-major
-//! order), and SiLU(gate)·up.
+//! The CPU's fused kernels: the element-wise work of a layer, forward and backward, shared over
+//! rayon's threads (RMSNorm; the query/key heads' RMSNorm and rotation, with the move to
+//! head-major order; SiLU(gate)·up), and the products around them (a bf16 weight's product with
+//! its conversions on every thread; an adapter's low-rank term added inside its product).
 //!
 //! Burn's `flex` backend runs each element-wise operation as its own pass over the tensor into a
 //! fresh buffer, on one thread: RMSNorm alone is five passes (square, mean, add, sqrt, divide)
 //! and a multiply, the rotation six. These kernels read their input once and write their output
-//! once. They run where no tape is kept (`decision score`, evaluation, and the first pass of a
-//! recomputed training step, [`crate::recompute`]); a taped pass keeps Burn's operations, whose
-//! backward Burn derives. Each gives the generic path's values to f32 rounding (tests below, at
-//! a tiny and at the 0.6B shape).
+//! once. The forward halves run where no tape is kept (`decision score`, evaluation, and the
+//! first pass of a recomputed training step); the backward halves serve the layer replay that
+//! the trainer writes out by hand for a LoRA run on the CPU. A taped pass keeps Burn's
+//! operations, whose backward Burn derives. Each kernel gives the generic path's values (its
+//! gradients: Burn's taped ones) to f32 rounding (tests below, at a tiny and at the 0.6B shape).
 
-use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
+
+use crate::model::qwen3::in_f32;
 
 /// Rows per rayon task: enough work to amortise scheduling at the hidden sizes of Qwen3.
 const ROWS_PER_TASK: usize = 16;
@@ -166,14 +170,6 @@ pub(crate) fn widen(w: Tensor<2>) -> Tensor<2> {
             }
         });
     tensor(out, dims)
-}
-
-fn in_f32<const D: usize>(t: Tensor<D>) -> Tensor<D> {
-    if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(FloatDType::F32)
-    }
 }
 
 /// `x·W` for a bf16 weight, given `W` widened to f32 ([`widen`]): `x` rounded to bf16, the
@@ -409,7 +405,7 @@ pub(crate) fn exp(y: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::{Distribution, FloatDType, Tensor};
 
     use super::*;
     use crate::model::qwen3::{RmsNorm, rope};
