@@ -392,7 +392,8 @@ pub(crate) fn exp(y: f32) -> f32 {
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
     const ROUND: f32 = 12_582_912.0;
     let y = y.clamp(-87.0, 88.0);
-    let n = (y * LOG2E + ROUND) - ROUND;
+    let t = y * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = (y - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
@@ -400,7 +401,10 @@ pub(crate) fn exp(y: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `n` is also `t`'s low mantissa bits: integer arithmetic on them, where `n as i32` would
+    // be a saturating conversion that keeps the loop scalar; `n + 127` is within [1, 254].
+    let biased = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
+    p * f32::from_bits(biased << 23)
 }
 
 #[cfg(test)]

@@ -146,6 +146,27 @@ fn forward_head<'m>(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() {
+        // SAFETY: the CPU has the features `wide::forward_head` is compiled for.
+        return unsafe { wide::forward_head(q, k, v, mask, dims, scale, out, lse) };
+    }
+    forward_head_any(q, k, v, mask, dims, scale, out, lse)
+}
+
+/// [`forward_head`]'s body, compiled for any x86-64 and again in [`wide`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn forward_head_any<'m>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: impl Fn(usize) -> &'m [f32],
+    dims: Dims,
+    scale: f32,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
     let (s, d) = (dims.s, dims.d);
     let mut scores = vec![0f32; TILE * TILE];
     let mut max = [0f32; TILE];
@@ -165,11 +186,7 @@ fn forward_head<'m>(
             for r in 0..rows {
                 let row = &mut st[r * cols..(r + 1) * cols];
                 let bias = &mask(i0 + r)[j0..j0 + cols];
-                let mut m = max[r];
-                for (x, b) in row.iter_mut().zip(bias) {
-                    *x = *x * scale + b;
-                    m = m.max(*x);
-                }
+                let m = scale_bias_max(row, bias, scale).max(max[r]);
                 if m == f32::NEG_INFINITY {
                     // Nothing visible to this row yet: its tile contributes nothing.
                     row.fill(0.0);
@@ -180,8 +197,7 @@ fn forward_head<'m>(
                 } else {
                     (max[r] - m).exp()
                 };
-                exp_shifted(row, m);
-                sum[r] = sum[r] * keep + row.iter().sum::<f32>();
+                sum[r] = sum[r] * keep + exp_shifted(row, m);
                 max[r] = m;
                 if keep != 1.0 {
                     acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= keep);
@@ -284,6 +300,25 @@ fn backward_head<'m>(
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() {
+        // SAFETY: the CPU has the features `wide::backward_head` is compiled for.
+        return unsafe { wide::backward_head(x, mask, dims, scale, dq, dk, dv) };
+    }
+    backward_head_any(x, mask, dims, scale, dq, dk, dv)
+}
+
+/// [`backward_head`]'s body, compiled for any x86-64 and again in [`wide`].
+#[inline(always)]
+fn backward_head_any<'m>(
+    x: Head<'_>,
+    mask: impl Fn(usize) -> &'m [f32],
+    dims: Dims,
+    scale: f32,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
     let (s, d) = (dims.s, dims.d);
     let mut p = vec![0f32; TILE * TILE];
     let mut dp = vec![0f32; TILE * TILE];
@@ -309,9 +344,7 @@ fn backward_head<'m>(
             for r in 0..rows {
                 let row = &mut pt[r * cols..(r + 1) * cols];
                 let bias = &mask(i0 + r)[j0..j0 + cols];
-                row.iter_mut()
-                    .zip(bias)
-                    .for_each(|(x, b)| *x = *x * scale + b);
+                scale_bias_max(row, bias, scale);
                 exp_shifted(row, x.lse[i0 + r]);
             }
             let kt = j0 * d..(j0 + cols) * d;
@@ -363,16 +396,92 @@ fn backward_head<'m>(
     }
 }
 
-/// `row ← exp(row − shift)`, exactly 0 where `row` is −∞, by [`exp`], which the compiler
-/// vectorises (libm's `exp` would cost as much as the tile's products).
-fn exp_shifted(row: &mut [f32], shift: f32) {
-    for x in row.iter_mut() {
-        *x = if *x == f32::NEG_INFINITY {
-            0.0
-        } else {
-            exp(*x - shift)
-        };
+/// The tiles' element-wise work (scaling, masking, the exponentials, the running sums and the
+/// gradient's `P ⊙ (dP − D)`) compiled again for AVX2 and FMA, chosen at run time: a build for
+/// any x86-64 vectorises those loops to SSE2's four lanes without fused multiply-adds, which
+/// left the exponentials at a quarter of a tile's time (`perf`, docs/results.md).
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::*;
+
+    /// Whether this CPU runs what this module is compiled for (detected once, then cached).
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn forward_head<'m>(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        mask: impl Fn(usize) -> &'m [f32],
+        dims: Dims,
+        scale: f32,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) {
+        forward_head_any(q, k, v, mask, dims, scale, out, lse)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn backward_head<'m>(
+        x: Head<'_>,
+        mask: impl Fn(usize) -> &'m [f32],
+        dims: Dims,
+        scale: f32,
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) {
+        backward_head_any(x, mask, dims, scale, dq, dk, dv)
+    }
+}
+
+/// Lanes for the per-row reductions: eight independent maxima or sums, which the compiler keeps
+/// in one vector register, where a single running value would wait on each add in turn.
+const LANES: usize = 8;
+
+/// `row ← row · scale + bias`, returning the row's largest value (−∞ when all of it is masked).
+#[inline(always)]
+fn scale_bias_max(row: &mut [f32], bias: &[f32], scale: f32) -> f32 {
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut rows = row.chunks_exact_mut(LANES);
+    let mut biases = bias.chunks_exact(LANES);
+    for (x, b) in (&mut rows).zip(&mut biases) {
+        for l in 0..LANES {
+            x[l] = x[l] * scale + b[l];
+            max[l] = if x[l] > max[l] { x[l] } else { max[l] };
+        }
+    }
+    let mut m = max.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    for (x, b) in rows.into_remainder().iter_mut().zip(biases.remainder()) {
+        *x = *x * scale + b;
+        m = m.max(*x);
+    }
+    m
+}
+
+/// `row ← exp(row − shift)`, exactly 0 where `row` is −∞, by [`exp`], which the compiler
+/// vectorises (libm's `exp` would cost as much as the tile's products); returns the row's sum.
+#[inline(always)]
+fn exp_shifted(row: &mut [f32], shift: f32) -> f32 {
+    // Branch-free, so the lanes vectorise: a masked entry's clamped exponential times 0.
+    let e = |x: f32| exp(x - shift) * f32::from(u8::from(x != f32::NEG_INFINITY));
+    let mut sum = [0f32; LANES];
+    let mut rows = row.chunks_exact_mut(LANES);
+    for x in &mut rows {
+        for l in 0..LANES {
+            x[l] = e(x[l]);
+            sum[l] += x[l];
+        }
+    }
+    let mut total: f32 = sum.iter().sum();
+    for x in rows.into_remainder() {
+        *x = e(*x);
+        total += *x;
+    }
+    total
 }
 
 /// `c (+)= a·b` for an `m × k` `a` and a `k × n` `b`, each addressed by `(row stride, column
@@ -478,6 +587,81 @@ mod tests {
         // Qwen3-0.6B's attention: 16 query heads on 8 key/value heads of 128, two rows of about
         // a thousand tokens.
         check(16, 8, 128, &[1030, 901], 1e-5);
+    }
+
+    /// The AVX2 build of a head's forward and backward against the build for any x86-64, on one
+    /// head with rows that see nothing in their first tiles: the same operations in the same
+    /// order, so the same bits.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_build_gives_the_same_bits() {
+        assert!(
+            wide::available(),
+            "this CPU lacks AVX2 or FMA, so the AVX2 build cannot be compared here"
+        );
+        let (s, d) = (150, 16);
+        let dims = Dims {
+            b: 1,
+            h: 1,
+            kvh: 1,
+            s,
+            d,
+        };
+        // Causal, and the first 70 keys hidden from every row but the first 70 (which see only
+        // themselves), as left padding does.
+        let masked: Vec<bool> = (0..s * s)
+            .map(|i| {
+                let (q, k) = (i / s, i % s);
+                k > q || (q >= 70 && k < 70) || (q < 70 && k != q)
+            })
+            .collect();
+        let mask = Mask::from_masked(&masked, 1, s);
+        let normal = |n: usize| {
+            values(&Tensor::<4>::random(
+                [1, 1, n, d],
+                Distribution::Normal(0.0, 2.0),
+                &Device::flex(),
+            ))
+        };
+        let (q, k, v, d_out) = (normal(s), normal(s), normal(s), normal(s));
+        let scale = 0.25;
+        let forward = |wide: bool| {
+            let (mut out, mut lse) = (vec![0f32; s * d], vec![0f32; s]);
+            let rows = |r| mask.row(0, r);
+            if wide {
+                unsafe { wide::forward_head(&q, &k, &v, rows, dims, scale, &mut out, &mut lse) };
+            } else {
+                forward_head_any(&q, &k, &v, rows, dims, scale, &mut out, &mut lse);
+            }
+            (out, lse)
+        };
+        let backward = |wide: bool, out: &[f32], lse: &[f32]| {
+            let mut grads = [vec![0f32; s * d], vec![0f32; s * d], vec![0f32; s * d]];
+            let [dq, dk, dv] = &mut grads;
+            let x = Head {
+                q: &q,
+                k: &k,
+                v: &v,
+                out,
+                d_out: &d_out,
+                lse,
+            };
+            let rows = |r| mask.row(0, r);
+            if wide {
+                unsafe { wide::backward_head(x, rows, dims, scale, dq, dk, dv) };
+            } else {
+                backward_head_any(x, rows, dims, scale, dq, dk, dv);
+            }
+            grads
+        };
+        let (out, lse) = forward(false);
+        assert!(out.iter().all(|x| x.is_finite()) && out.iter().any(|x| *x != 0.0));
+        assert_eq!((out.clone(), lse.clone()), forward(true), "forward");
+        assert_eq!(
+            backward(false, &out, &lse),
+            backward(true, &out, &lse),
+            "backward"
+        );
     }
 
     #[test]
