@@ -8,7 +8,8 @@
 //! layers) trains, a layer's backward is short enough to write down:
 //!
 //! - the frozen products `x·W`: `dx = dy·Wᵀ`, read through a transposed view, no copy; with a bf16
-//!   base rounded exactly where Burn's cast-matmul-cast rounds (`dx = r(r(dy)·Wᵀ)`);
+//!   base rounded where Burn's cast-matmul-cast rounds (`dx = r(r(dy)·Wᵀ)`), by AVX512_BF16's
+//!   dot products on a CPU that has them ([`cpu_ops::Bf16Weight`]);
 //! - each adapter `s·(x·A)·B`: `dB = s·(x·A)ᵀ·dy`, `u = s·dy·Bᵀ`, `dA = xᵀ·u`, `dx += u·Aᵀ`;
 //! - RMSNorm, the heads' RMSNorm and rotation, SiLU·up: fused kernels in [`cpu_ops`];
 //! - the attention core: [`flash`]'s tiles, as on the taped path.
@@ -45,22 +46,28 @@ pub(crate) fn applies(model: &Qwen3) -> bool {
         })
 }
 
-/// One frozen projection with its adapter, its weight widened to f32 for this layer's replay.
+/// One frozen projection with its adapter, its weight made ready for this layer's replay.
 struct Product<'a> {
     proj: &'a Proj,
-    w: Tensor<2>,
-    bf16: bool,
+    w: Frozen,
+}
+
+/// A frozen weight as the replay's products read it.
+enum Frozen {
+    F32(Tensor<2>),
+    /// Ready for `x·W` and `dy·Wᵀ`.
+    Bf16(cpu_ops::Bf16Weight),
 }
 
 impl<'a> Product<'a> {
     fn new(proj: &'a Proj) -> Self {
         let w = proj.weight.val().inner();
-        let bf16 = w.dtype() == DType::BF16;
-        Self {
-            proj,
-            w: cpu_ops::widen(w),
-            bf16,
-        }
+        let w = if w.dtype() == DType::BF16 {
+            Frozen::Bf16(cpu_ops::Bf16Weight::new(w, true))
+        } else {
+            Frozen::F32(cpu_ops::widen(w))
+        };
+        Self { proj, w }
     }
 
     /// `x·A` when an adapter is attached: what its backward needs of the forward.
@@ -73,10 +80,9 @@ impl<'a> Product<'a> {
 
     /// The output `x·W + s·(x·A)·B`, and `x·A`.
     fn forward(&self, x: &Tensor<2>) -> (Tensor<2>, Option<Tensor<2>>) {
-        let base = if self.bf16 {
-            cpu_ops::bf16_product(x.clone(), self.w.clone())
-        } else {
-            x.clone().matmul(self.w.clone())
+        let base = match &self.w {
+            Frozen::Bf16(w) => w.product(x.clone()),
+            Frozen::F32(w) => x.clone().matmul(w.clone()),
         };
         let xa = self.adapter_input(x);
         let y = match (&self.proj.lora, &xa) {
@@ -97,11 +103,9 @@ impl<'a> Product<'a> {
         dy: Tensor<2>,
         grads: &mut GradientsParams,
     ) -> Tensor<2> {
-        let wt = self.w.clone().transpose();
-        let dx = if self.bf16 {
-            cpu_ops::bf16_product(dy.clone(), wt)
-        } else {
-            dy.clone().matmul(wt)
+        let dx = match &self.w {
+            Frozen::Bf16(w) => w.product_transposed(dy.clone()),
+            Frozen::F32(w) => dy.clone().matmul(w.clone().transpose()),
         };
         let (Some(ad), Some(xa)) = (&self.proj.lora, xa) else {
             return dx;

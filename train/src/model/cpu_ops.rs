@@ -15,6 +15,8 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use crate::model::bf16_gemm;
 use crate::model::qwen3::in_f32;
 
 /// Rows per rayon task: enough work to amortise scheduling at the hidden sizes of Qwen3.
@@ -172,11 +174,83 @@ pub(crate) fn widen(w: Tensor<2>) -> Tensor<2> {
     tensor(out, dims)
 }
 
-/// `x·W` for a bf16 weight, given `W` widened to f32 ([`widen`]): `x` rounded to bf16, the
-/// product in f32, the output rounded to bf16. The values flex's bf16 product gives (its gemm is
-/// the same f32 one), with the conversions on every thread instead of one.
-pub(crate) fn bf16_product(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
-    round_bf16(round_bf16(x).matmul(w))
+/// A frozen bf16 weight `W` (`[k, n]`) made ready for products with f32 activations on the CPU:
+/// `x·W`, and `dy·Wᵀ` when asked for. Either way `x` is rounded to bf16, the products summed in
+/// f32 and the output rounded to bf16, as a product in bf16 gives.
+pub(crate) enum Bf16Weight {
+    /// Packed for AVX512_BF16's dot products (`bf16_gemm`), where the CPU has them: `W`, and
+    /// `Wᵀ` when asked for. The sums' order is not flex's, so the values differ from its by f32
+    /// roundings (tests below).
+    #[cfg(target_arch = "x86_64")]
+    Packed {
+        w: bf16_gemm::Packed,
+        wt: Option<bf16_gemm::Packed>,
+        dims: [usize; 2],
+    },
+    /// Widened to f32 ([`widen`]) for an f32 product: the values flex's bf16 product gives (its
+    /// gemm is the same f32 one), with the conversions on every thread instead of one.
+    Widened(Tensor<2>),
+}
+
+impl Bf16Weight {
+    /// `w` (bf16) ready for `x·W`, and for `dy·Wᵀ` too with `transposed`.
+    pub(crate) fn new(w: Tensor<2>, transposed: bool) -> Self {
+        assert_eq!(w.dtype(), DType::BF16, "a bf16 weight");
+        #[cfg(target_arch = "x86_64")]
+        if native_bf16() {
+            let [k, n] = w.dims();
+            let data = w.into_data();
+            let v = data.as_slice::<half::bf16>().expect("bf16 values");
+            return Self::Packed {
+                w: bf16_gemm::Packed::new(v, (k, n), false),
+                wt: transposed.then(|| bf16_gemm::Packed::new(v, (n, k), true)),
+                dims: [k, n],
+            };
+        }
+        let _ = transposed;
+        Self::Widened(widen(w))
+    }
+
+    /// `x·W`.
+    pub(crate) fn product(&self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Packed { w, dims, .. } => packed_product(x, w, dims[1]),
+            Self::Widened(w) => round_bf16(round_bf16(x).matmul(w.clone())),
+        }
+    }
+
+    /// `dy·Wᵀ`; `self` made with `transposed`.
+    pub(crate) fn product_transposed(&self, dy: Tensor<2>) -> Tensor<2> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Packed { wt, dims, .. } => {
+                let wt = wt.as_ref().expect("a bf16 weight packed for its transpose");
+                packed_product(dy, wt, dims[0])
+            }
+            Self::Widened(w) => round_bf16(round_bf16(dy).matmul(w.clone().transpose())),
+        }
+    }
+}
+
+/// Whether bf16 products run on AVX512_BF16: where the CPU has it, unless
+/// `DECISION_BF16_PRODUCT=widened` asks for the f32 product (for comparisons).
+#[cfg(target_arch = "x86_64")]
+fn native_bf16() -> bool {
+    static NATIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NATIVE.get_or_init(|| {
+        bf16_gemm::available()
+            && std::env::var("DECISION_BF16_PRODUCT").map_or(true, |v| v != "widened")
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn packed_product(x: Tensor<2>, w: &bf16_gemm::Packed, n: usize) -> Tensor<2> {
+    let [m, _] = x.dims();
+    let x = host(x);
+    let mut out = vec![0f32; m * n];
+    bf16_gemm::product(f32s(&x), m, w, &mut out, true);
+    tensor(out, [m, n])
 }
 
 /// `y + scale·a·b` for `a` `[m, k]` and `b` `[k, n]`, written over `y`'s buffer when it is not
@@ -572,13 +646,27 @@ mod tests {
             let dy = random([b * s, inter], 103 + i as u64);
             let bf = |t: Tensor<2>| t.cast(FloatDType::BF16);
             let want = bf(x.clone()).matmul(w.clone()).cast(FloatDType::F32);
-            let got = bf16_product(x, widen(w.clone()));
-            assert_eq!(values(got), values(want), "forward");
-            let want = bf(dy.clone())
+            let want_t = bf(dy.clone())
                 .matmul(w.clone().transpose())
                 .cast(FloatDType::F32);
-            let got = bf16_product(dy, widen(w).transpose());
-            assert_eq!(values(got), values(want), "backward");
+            let widened = Bf16Weight::Widened(widen(w.clone()));
+            assert_eq!(
+                values(widened.product(x.clone())),
+                values(want.clone()),
+                "forward"
+            );
+            let got = widened.product_transposed(dy.clone());
+            assert_eq!(values(got), values(want_t.clone()), "backward");
+            // AVX512_BF16's products: the same to f32 rounding, then one bf16 rounding of the
+            // output either side of a tie (2⁻⁸ of the largest value, with room).
+            #[cfg(target_arch = "x86_64")]
+            if bf16_gemm::available() {
+                let packed = Bf16Weight::new(w.clone(), true);
+                assert!(matches!(packed, Bf16Weight::Packed { .. }));
+                assert_close("packed forward", packed.product(x.clone()), want, 8e-3);
+                let got = packed.product_transposed(dy.clone());
+                assert_close("packed backward", got, want_t, 8e-3);
+            }
         }
     }
 

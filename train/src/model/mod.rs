@@ -8,11 +8,14 @@
 //! - [`lora`]: LoRA adapters on the projections (Burn side) and [`peft`]: their PEFT files;
 //! - [`backend`]: CPU (flex) and GPU (wgpu) devices and precisions; [`f16_safety`]: finite
 //!   checks of f16 products; `flash`: attention in tiles on the CPU (forward and backward);
-//!   `cpu_ops`: the untaped forward's element-wise work on the CPU, fused;
+//!   `cpu_ops`: the untaped forward's element-wise work on the CPU, fused; `bf16_gemm`: products
+//!   with a frozen bf16 weight by AVX512_BF16;
 //! - [`decision_model`]: a model with its tokenizer and decision config;
 //!   [`score`]: option logits and probabilities.
 
 pub mod backend;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod bf16_gemm;
 pub mod config;
 pub(crate) mod cpu_ops;
 pub(crate) mod decision_model;

@@ -63,8 +63,8 @@ impl Proj {
         let y = if x.dtype() == weight.dtype() {
             linear(x.clone(), weight, bias)
         } else if weight.dtype() == DType::BF16 && bias.is_none() && cpu_ops::on_plain_cpu(&x) {
-            // The same values, with the conversions over every thread (flex's are on one).
-            cpu_ops::bf16_product(x.clone(), cpu_ops::widen(weight))
+            // Over every thread (flex converts on one), by AVX512_BF16 where the CPU has it.
+            cpu_ops::Bf16Weight::new(weight, false).product(x.clone())
         } else {
             // A bf16 / f16 base: the product in the weights' dtype, the output back in the
             // activations' (f32), so the residual stream and the adapter's delta stay f32.
