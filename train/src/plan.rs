@@ -177,15 +177,26 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the
     // hand-made attention core; its working memory; the gradient flowing between layers.
     let core = (2 * qd + 2 * kvd) * 4 * 2;
-    // On the CPU a bf16 base's replay (`crate::replay`) widens the layer's frozen weights to f32
-    // for its products, one layer at a time.
+    // On the CPU a bf16 base's replay (`crate::replay`) holds the layer's frozen weights ready
+    // for its products, one layer at a time: widened to f32, or `W` and `Wᵀ` packed in bf16 for
+    // AVX512_BF16; four bytes a weight either way.
     let widened = if cfg.train.backend == Backend::Cpu && w != 4 {
         (2 * h * qd + 2 * h * kvd + 3 * h * i) * 4
     } else {
         0
     };
-    let recompute =
-        tokens * layers * h * a + tokens * (layer + core + 3 * h * 4) + scores + widened;
+    // A LoRA run on the CPU replays by hand, and keeps every layer's attention output (f32) and
+    // row sums from the first pass (`crate::recompute`).
+    let attention_kept = if cfg.train.backend == Backend::Cpu && cfg.train.mode == Mode::Lora {
+        tokens * layers * (qd + nh) * 4
+    } else {
+        0
+    };
+    let recompute = tokens * layers * h * a
+        + tokens * (layer + core + 3 * h * 4)
+        + scores
+        + widened
+        + attention_kept;
     // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
     // With trainable tokens a tied head is rebuilt with their rows for that product: an f32 copy
     // and one in the weights' dtype.

@@ -5,7 +5,8 @@
 //! Burn's autodiff keeps every matmul output of a forward pass until the backward pass, and has
 //! no block-level checkpoint API. So the step is built by hand:
 //!
-//! 1. a forward pass without autodiff that keeps only each layer's input `x_i`;
+//! 1. a forward pass without autodiff that keeps only each layer's input `x_i` (and, for the
+//!    replay by hand, its attention core's output and row sums);
 //! 2. the head (final norm, option logits, loss) on the last output, as an autodiff leaf: its
 //!    backward gives the loss gradient `g` of that output;
 //! 3. from the top layer down: re-run the layer on `x_i` as a fresh leaf and back-propagate `g`
@@ -185,7 +186,10 @@ fn loss_and_grads_with(
         tokens.clone().map(|t| t.inner()),
         batch,
     );
+    // The replay by hand also keeps each layer's attention output and row sums, so its forward
+    // skips the attention core (a sixth of a step's work at 2048 tokens).
     let mut saved = Vec::with_capacity(model.model.layers.len());
+    let mut attention = Vec::new();
     for (i, layer) in model.model.layers.iter().enumerate() {
         saved.push(x.clone());
         if let Some(c) = checks {
@@ -193,7 +197,11 @@ fn loss_and_grads_with(
         }
         let layer = layer.valid();
         let (q, k, v) = layer.attention_inputs(x.clone(), &inputs, checks);
-        let (heads, _) = core.forward((&q, &k, &v), layer.self_attn.scale());
+        let (heads, sums) = core.forward((&q, &k, &v), layer.self_attn.scale());
+        if replay == Replay::ByHand {
+            let sums = sums.expect("the replay by hand runs the attention core in tiles");
+            attention.push((heads.clone(), sums));
+        }
         x = layer.finish(x, heads, checks);
     }
 
@@ -218,8 +226,9 @@ fn loss_and_grads_with(
             unreachable!("the replay by hand runs the attention core in tiles")
         };
         let mut by_hand = GradientsParams::new();
-        for (layer, x_in) in model.model.layers.iter().zip(saved).rev() {
-            g = replay::layer_backward(layer, x_in, &inputs, mask, g, &mut by_hand);
+        let layers = model.model.layers.iter().zip(saved).zip(attention);
+        for ((layer, x_in), attention) in layers.rev() {
+            g = replay::layer_backward(layer, x_in, attention, &inputs, mask, g, &mut by_hand);
         }
         acc.accumulate(model, by_hand);
         saved = Vec::new();

@@ -14,7 +14,8 @@
 //! - RMSNorm, the heads' RMSNorm and rotation, SiLU·up: fused kernels in [`cpu_ops`];
 //! - the attention core: [`flash`]'s tiles, as on the taped path.
 //!
-//! The replay's forward skips `down_proj`'s frozen product: nothing reads the layer's output.
+//! The replay's forward skips `down_proj`'s frozen product, since nothing reads the layer's
+//! output, and the attention core, whose output and row sums the step's first pass kept.
 //! Gradients equal the taped replay's up to float rounding (tests in `recompute.rs`, in f32 and
 //! on a bf16 base). Anything else (full fine-tuning, trained norms, biases, an f16 base, another
 //! backend) keeps the taped replay.
@@ -124,10 +125,13 @@ impl<'a> Product<'a> {
 }
 
 /// The gradient of `layer`'s input `x` (`[b, s, hidden]`, plain CPU) given its output's gradient
-/// `g`; the adapters' gradients go into `grads`. `mask` is the step's tiles' mask.
+/// `g`; the adapters' gradients go into `grads`. `attention` is what [`flash::forward`] gave for
+/// this layer in the step's first pass (the same `q`, `k`, `v`: the same kernels on the same
+/// input), and `mask` the step's tiles' mask.
 pub(crate) fn layer_backward(
     layer: &DecoderLayer,
     x: Tensor<3>,
+    (out, saved): (Tensor<4>, flash::Saved),
     inputs: &LayerInputs,
     mask: &flash::Mask,
     g: Tensor<3>,
@@ -157,7 +161,6 @@ pub(crate) fn layer_backward(
     let q = cpu_ops::norm_rope_heads(q_raw.clone(), h, qn.clone(), qn_eps, rope.0, rope.1);
     let k = cpu_ops::norm_rope_heads(k_raw.clone(), kvh, kn.clone(), kn_eps, rope.0, rope.1);
     let v = v.reshape([b, s, kvh, d]).swap_dims(1, 2);
-    let (out, saved) = flash::forward(&q, &k, &v, mask, scale);
     let heads = out.clone().swap_dims(1, 2).reshape([rows, h * d]);
     let o_p = Product::new(o_p);
     let (o, o_xa) = o_p.forward(&heads);
