@@ -86,6 +86,11 @@ impl Packed {
             });
         Self { k, n, pairs }
     }
+
+    /// `n`: the product's output columns.
+    pub(crate) fn columns(&self) -> usize {
+        self.n
+    }
 }
 
 /// `a`'s `m` rows of `k`, rounded to bf16 (ties to even), as tiles of [`MR`] rows interleaved by

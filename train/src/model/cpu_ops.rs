@@ -185,7 +185,6 @@ pub(crate) enum Bf16Weight {
     Packed {
         w: bf16_gemm::Packed,
         wt: Option<bf16_gemm::Packed>,
-        dims: [usize; 2],
     },
     /// Widened to f32 ([`widen`]) for an f32 product: the values flex's bf16 product gives (its
     /// gemm is the same f32 one), with the conversions on every thread instead of one.
@@ -204,7 +203,6 @@ impl Bf16Weight {
             return Self::Packed {
                 w: bf16_gemm::Packed::new(v, (k, n), false),
                 wt: transposed.then(|| bf16_gemm::Packed::new(v, (n, k), true)),
-                dims: [k, n],
             };
         }
         let _ = transposed;
@@ -215,7 +213,7 @@ impl Bf16Weight {
     pub(crate) fn product(&self, x: Tensor<2>) -> Tensor<2> {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Packed { w, dims, .. } => packed_product(x, w, dims[1]),
+            Self::Packed { w, .. } => packed_product(x, w),
             Self::Widened(w) => round_bf16(round_bf16(x).matmul(w.clone())),
         }
     }
@@ -224,10 +222,10 @@ impl Bf16Weight {
     pub(crate) fn product_transposed(&self, dy: Tensor<2>) -> Tensor<2> {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Packed { wt, dims, .. } => {
-                let wt = wt.as_ref().expect("a bf16 weight packed for its transpose");
-                packed_product(dy, wt, dims[0])
-            }
+            Self::Packed { wt, .. } => packed_product(
+                dy,
+                wt.as_ref().expect("a bf16 weight packed for its transpose"),
+            ),
             Self::Widened(w) => round_bf16(round_bf16(dy).matmul(w.clone().transpose())),
         }
     }
@@ -245,8 +243,9 @@ fn native_bf16() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn packed_product(x: Tensor<2>, w: &bf16_gemm::Packed, n: usize) -> Tensor<2> {
+fn packed_product(x: Tensor<2>, w: &bf16_gemm::Packed) -> Tensor<2> {
     let [m, _] = x.dims();
+    let n = w.columns();
     let x = host(x);
     let mut out = vec![0f32; m * n];
     bf16_gemm::product(f32s(&x), m, w, &mut out, true);
