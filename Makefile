@@ -130,6 +130,12 @@ gpu-check-prepare:
 	objdump -T $(GPU_CHECK)/decision | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1 \
 		> $(GPU_CHECK)/glibc-needed
 	xz -T0 -6 -f $(GPU_CHECK)/decision
+	$(CARGO) test --workspace --test wgpu --no-run --message-format=json | python3 -c 'import json, sys; \
+		print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" \
+		and m["target"]["name"] == "wgpu" and m.get("executable")))' > $(GPU_CHECK)/wgpu-tests.path
+	strip -o $(GPU_CHECK)/wgpu-tests $$(cat $(GPU_CHECK)/wgpu-tests.path) && rm $(GPU_CHECK)/wgpu-tests.path
+	xz -T0 -6 -f $(GPU_CHECK)/wgpu-tests
+	echo "$(CURDIR)" > $(GPU_CHECK)/source-dir
 	cd $(GPU_CHECK) && rm -f libvulkan1_*.deb && apt-get download libvulkan1
 	du -sh $(GPU_CHECK)
 

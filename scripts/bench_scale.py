@@ -85,17 +85,27 @@ class GpuMemory:
             self.thread.join()
 
 
-def run_measured(cmd, env=None, gpu=False, check=True):
+def run_measured(cmd, env=None, gpu=False, check=True, timeout=None):
     """Run `cmd` (its stderr passes through), return (seconds, max RSS in MiB, stdout, peak device
-    MiB or None); with check=False a failure returns None for the seconds instead of exiting."""
+    MiB or None); with check=False a failure returns None for the seconds instead of exiting. A run
+    past `timeout` seconds is killed, and counts as a failure."""
+    import signal
+    import threading
     t = time.time()
     with GpuMemory(gpu) as mem:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+        timer = threading.Timer(timeout, p.send_signal, [signal.SIGKILL]) if timeout else None
+        if timer:
+            timer.start()
         out = p.stdout.read()
         _, status, usage = os.wait4(p.pid, 0)
+        if timer:
+            timer.cancel()
     if os.waitstatus_to_exitcode(status) != 0:
+        if timeout and time.time() - t >= timeout:
+            print(f"killed after {timeout:.0f} s: {' '.join(map(str, cmd[:2]))}", file=sys.stderr)
         if not check:
-            return None, 0.0, out, None
+            return None, usage.ru_maxrss / 1024.0, out, (mem.peak if gpu else None)
         sys.exit(f"failed: {' '.join(map(str, cmd))}\n{out}")
     return time.time() - t, usage.ru_maxrss / 1024.0, out, (mem.peak if gpu else None)
 
@@ -148,10 +158,20 @@ def ran_dtype(run_dir, asked):
     return json.load(open(states[-1])).get("dtype", asked) if states else asked
 
 
-def rust_tokens_per_s(run_dir):
-    lines = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
-    tps = [l["tokens_per_s"] for l in lines if l.get("kind") == "train"][1:]
-    return statistics.median(tps)
+def rust_steps(run_dir):
+    """Tokens/s of each training step our run logged (metrics.jsonl), in order."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in open(path):
+        try:
+            m = json.loads(line)
+        except ValueError:  # the line a killed run was writing
+            continue
+        if m.get("kind") == "train":
+            steps.append(m["tokens_per_s"])
+    return steps
 
 
 def encode_states(model_dir, states):
@@ -395,6 +415,10 @@ def main():
                          "takes one (wgpu has no bf16 on every adapter)")
     ap.add_argument("--peer-device", choices=["cpu", "cuda"], default="cpu",
                     help="the peer's device; with cuda, peak memory is the GPU's (nvidia-smi) on both sides")
+    ap.add_argument("--ours-timeout", type=float,
+                    help="kill our run after this many seconds; it still counts if it logged two steps or more")
+    ap.add_argument("--deadline", type=float,
+                    help="a time (seconds since the epoch) at which our run is killed, as --ours-timeout")
     ap.add_argument("--skeleton",
                     help="a folder of model-TOKENS/ checkpoints without weights (random_qwen3 --no-weights): "
                          "copied, and given random bf16 weights by transformers instead of --make-model")
@@ -430,40 +454,74 @@ def main():
             lines = open(model / "states.jsonl").read().splitlines()
             (model / "train.jsonl").write_text("\n".join(lines[:-2]) + "\n")
             (model / "valid.jsonl").write_text("\n".join(lines[-2:]) + "\n")
-        r = None
-        dtypes = args.ours_dtype.split(",")
-        for dtype in dtypes:
-            cfg = out / f"run-{w}.toml"
-            cfg.write_text(RUN_CONFIG.format(model=model.resolve(), states=(model / "train.jsonl").resolve(),
-                                             valid=(model / "valid.jsonl").resolve(), max_tokens=tokens + 256,
-                                             targets=json.dumps(TARGETS), steps=args.steps, batch=batch,
-                                             dtype=dtype, backend=args.backend))
-            run_dir = out / f"ours-{w}"
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
-            plan = plan_total_gib(args.decision, cfg)
-            secs, rss, _, dev_mib = run_measured([args.decision, "train", "--config", str(cfg), "--out",
-                                                  str(run_dir)], gpu=gpu, check=False)
-            if secs is not None:
-                r = {"ours_tokens_per_s": rust_tokens_per_s(run_dir), "ours_peak_rss_mib": rss, "ours_wall_s": secs,
-                     "ours_plan_gib": plan, "ours_dtype": ran_dtype(run_dir, dtype), "ours_backend": args.backend,
-                     "ours_peak_device_mib": dev_mib}
-                break
-            print(f"ours ({args.backend}, {dtype}) failed; {'no dtype left' if dtype == dtypes[-1] else 'trying the next dtype'}",
-                  file=sys.stderr)
-        if r is None:
-            sys.exit(f"our side failed at {w} with every dtype of --ours-dtype {args.ours_dtype}")
-        res = out / f"torch-{w}.json"
-        secs, rss, _, dev_mib = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(model),
-                                              "--states", str(model / "train.jsonl"), "--steps", str(args.steps),
-                                              "--batch", str(batch), "--result", str(res),
-                                              "--torch-dtype", args.torch_dtype, "--peer-device", args.peer_device],
-                                             gpu=gpu)
-        t = json.load(open(res))
-        r.update(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_wall_s=secs,
-                 torch_threads=t["threads"], torch_dtype=args.torch_dtype, torch_matmul_gflops=gflops,
-                 torch_device=args.peer_device, torch_peak_device_mib=dev_mib,
-                 torch_max_memory_allocated_mib=t.get("max_memory_allocated_mib"), device_name=t.get("device_name"))
+
+        def peer():
+            res = out / f"torch-{w}.json"
+            secs, rss, _, dev_mib = run_measured([sys.executable, __file__, "--torch-worker", "--model", str(model),
+                                                  "--states", str(model / "train.jsonl"), "--steps", str(args.steps),
+                                                  "--batch", str(batch), "--result", str(res),
+                                                  "--torch-dtype", args.torch_dtype, "--peer-device",
+                                                  args.peer_device], gpu=gpu)
+            t = json.load(open(res))
+            return dict(torch_tokens_per_s=t["tokens_per_s"], torch_peak_rss_mib=rss, torch_wall_s=secs,
+                        torch_threads=t["threads"], torch_dtype=args.torch_dtype, torch_matmul_gflops=gflops,
+                        torch_device=args.peer_device, torch_peak_device_mib=dev_mib,
+                        torch_max_memory_allocated_mib=t.get("max_memory_allocated_mib"),
+                        device_name=t.get("device_name"))
+
+        def ours():
+            """Our run in the first dtype of --ours-dtype the backend takes. A run killed at
+            --ours-timeout still counts when it logged two steps or more (the first is not timed)."""
+            dtypes = args.ours_dtype.split(",")
+            for dtype in dtypes:
+                cfg = out / f"run-{w}.toml"
+                cfg.write_text(RUN_CONFIG.format(model=model.resolve(), states=(model / "train.jsonl").resolve(),
+                                                 valid=(model / "valid.jsonl").resolve(), max_tokens=tokens + 256,
+                                                 targets=json.dumps(TARGETS), steps=args.steps, batch=batch,
+                                                 dtype=dtype, backend=args.backend))
+                run_dir = out / f"ours-{w}"
+                if run_dir.exists():
+                    shutil.rmtree(run_dir)
+                plan = plan_total_gib(args.decision, cfg)
+                timeout = args.ours_timeout
+                if args.deadline:
+                    timeout = min(timeout or float("inf"), max(1.0, args.deadline - time.time()))
+                secs, rss, _, dev_mib = run_measured([args.decision, "train", "--config", str(cfg), "--out",
+                                                      str(run_dir)], gpu=gpu, check=False, timeout=timeout)
+                steps = rust_steps(run_dir)
+                print(f"ours ({args.backend}, {dtype}): steps at {', '.join(f'{x:.1f}' for x in steps) or 'none'} "
+                      "tokens/s", file=sys.stderr)
+                if secs is not None or len(steps) >= 2:
+                    r = {"ours_tokens_per_s": statistics.median(steps[1:]), "ours_steps_tokens_per_s": steps,
+                         "ours_peak_rss_mib": rss, "ours_wall_s": secs, "ours_plan_gib": plan,
+                         "ours_dtype": ran_dtype(run_dir, dtype), "ours_backend": args.backend,
+                         "ours_peak_device_mib": dev_mib}
+                    if secs is None:
+                        r["ours_note"] = f"killed after {timeout:.0f} s (its deadline), {len(steps)} steps logged"
+                    return r
+                print(f"ours ({args.backend}, {dtype}) failed; "
+                      f"{'no dtype left' if dtype == dtypes[-1] else 'trying the next dtype'}", file=sys.stderr)
+            return None
+
+        # On a GPU lent for minutes the peer goes first: its figure comes back even when ours fails
+        # or runs out the clock.
+        if gpu:
+            r = {"workload": w}
+            r.update(peer())
+            results[w] = r
+            json.dump(results, open(out / "bench-scale.json", "w"), indent=1)
+            o = ours()
+        else:
+            o = ours()
+            r = {"workload": w}
+        if o is None:
+            r["ours_error"] = f"our side failed with every dtype of --ours-dtype {args.ours_dtype}"
+            results[w] = r
+            json.dump(results, open(out / "bench-scale.json", "w"), indent=1)
+            sys.exit(r["ours_error"])
+        r.update(o)
+        if not gpu:
+            r.update(peer())
         r["tokens_per_s_ratio"] = r["ours_tokens_per_s"] / r["torch_tokens_per_s"]
         r["peak_rss_ratio"] = r["ours_peak_rss_mib"] / r["torch_peak_rss_mib"]
         if gpu:

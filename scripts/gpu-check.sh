@@ -11,6 +11,9 @@
 #                       word-level tokenizer, decision.json and 10 states of about 2048 tokens;
 #                       no weights (`random_qwen3 --no-weights`)
 #   libvulkan1_*.deb    the Vulkan loader, for machines without libvulkan.so.1
+#   wgpu-tests.xz       the test binary of train/tests/wgpu.rs, stripped and compressed, with
+#   source-dir          the checkout it was built in (its fixtures are read from there: on the GPU
+#                       machine that path is linked to this checkout when it is free)
 # First it checks, and stops with a message saying what is missing: the GPU (nvidia-smi), the
 # glibc the binary needs, NVIDIA's Vulkan driver (its ICD manifest, or libGLX_nvidia.so.0 to write
 # one for; a container has it only when started with the `graphics` driver capability), and that
@@ -23,16 +26,26 @@
 #         with loss scaling), LoRA r16 on all seven projections, layer recomputation
 #   peer  PyTorch + transformers + peft on CUDA: bf16, SDPA, gradient checkpointing
 # and prints tokens/s, seconds per step and peak GPU memory (nvidia-smi, both sides alike) with
-# their ratios. Results go to $OUT (bench-scale.json, gpu-check.log); the checkpoint to $WORK.
-#   scripts/gpu-check.sh            # under 8 minutes by design (the benchmark has a 420 s timeout)
+# their ratios. The peer goes first, so its figure comes back even when ours fails; ours is killed
+# at the benchmark's deadline and still counts if it logged two steps (the first is not timed).
+# Then the wgpu tests run on the GPU (train/tests/wgpu.rs: the tiny base's LoRA run with recompute
+# in f32 and f16 against the CPU's, the f16 run killed and resumed; the compiler and `auto` dtype;
+# scoring), with DECISION_REQUIRE_CHECKERS=vulkan,gpu so that none passes by not running.
+# Results go to $OUT (gpu-check.log, plan.txt, bench-scale.json, ours-metrics.jsonl,
+# wgpu-tests.log); the checkpoint to $WORK.
+#   scripts/gpu-check.sh            # ends within SECONDS_ALLOWED (default 520) of its start
 # Environment: GPU_CHECK (default bench-out/gpu-check), OUT (default $GPU_CHECK/result),
-# WORK (default /tmp/gpu-check-work), STEPS (default 3: the first is not timed).
+# WORK (default /tmp/gpu-check-work), STEPS (default 3: the first is not timed), SECONDS_ALLOWED,
+# BENCH_SHARE_PCT (default 65: the percentage of the time left after the checks the benchmark may
+# use; the wgpu tests get the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${GPU_CHECK:-bench-out/gpu-check}
 OUT=${OUT:-$G/result}
 WORK=${WORK:-/tmp/gpu-check-work}
 STEPS=${STEPS:-3}
+START=$(date +%s)
+END=$((START + ${SECONDS_ALLOWED:-520}))
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
 say() { echo "gpu-check: $*"; }
@@ -80,16 +93,21 @@ fi
 caps=${NVIDIA_DRIVER_CAPABILITIES:-}
 say "NVIDIA_DRIVER_CAPABILITIES=${caps:-(unset)}"
 icd=""
-for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+# A driver mounted into a container (/usr/local/nvidia) need not be on the loader's search path:
+# the manifest written here names the library by its full path, and its folder (where the driver's
+# other libraries are) joins LD_LIBRARY_PATH.
+for d in /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
     [ -f "$d/nvidia_icd.json" ] && icd="$d/nvidia_icd.json" && break
 done
-glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0 / {print $NF; exit}')
-[ -n "$glx" ] || glx=$(find /usr/lib /usr/lib64 /usr/local -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1)
-if [ -z "$icd" ] && [ -n "$glx" ]; then
+glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0 / {print $NF; exit}' || true)
+[ -n "$glx" ] || glx=$(find /usr/local/nvidia /usr/lib /usr/lib64 /usr/local -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1 || true)
+if [ -n "$glx" ]; then
+    [ -n "$icd" ] && say "driver manifest $icd: $(tr -d '\n' < "$icd")"
     icd="$WORK/nvidia_icd.json"
     printf '{"file_format_version": "1.0.1", "ICD": {"library_path": "%s", "api_version": "1.3"}}\n' "$glx" > "$icd"
+    export LD_LIBRARY_PATH="$(dirname "$glx")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-if [ -z "$icd" ] || [ -z "$glx" ]; then
+if [ -z "$icd" ]; then
     say "no NVIDIA Vulkan driver here (ICD manifest: ${icd:-none}; libGLX_nvidia.so.0: ${glx:-none}): our side cannot run."
     case ",$caps," in
         *,all,*|*,graphics,*) say "the container has the graphics capability, so the driver's user-space Vulkan files are missing" ;;
@@ -110,9 +128,38 @@ fi
 grep -q 'SPIR-V compiler' "$OUT/plan.txt" || say "warning: the adapter is not on the SPIR-V compiler (see the wgpu kernels line)"
 grep -q 'llvmpipe' "$OUT/plan.txt" && { say "Vulkan chose lavapipe, not the GPU: the NVIDIA ICD did not load"; exit 3; }
 
+# What the benchmark leaves comes back even when it fails or is killed.
+keep() {
+    cp "$WORK/scale/bench-scale.json" "$OUT/" 2>/dev/null || true
+    cp "$WORK/scale/ours-2x2048/metrics.jsonl" "$OUT/ours-metrics.jsonl" 2>/dev/null || true
+}
+trap keep EXIT
+
+# The 4B step, side by side: the peer first, then ours until the benchmark's deadline.
+left=$((END - $(date +%s)))
+bench_s=$((left * ${BENCH_SHARE_PCT:-65} / 100))
+say "benchmark: ${bench_s} s of the ${left} s left"
 mkdir -p "$WORK/scale"
-timeout 420 python3 scripts/bench_scale.py --decision "$BIN" --skeleton "$G/skeleton" --out "$WORK/scale" \
+rc=0
+timeout "$((bench_s + 20))" python3 scripts/bench_scale.py --decision "$BIN" --skeleton "$G/skeleton" --out "$WORK/scale" \
     --backend wgpu --ours-dtype auto --peer-device cuda --torch-dtype bf16 \
-    --workloads 2x2048 --steps "$STEPS"
-cp "$WORK/scale/bench-scale.json" "$OUT/"
-say "done: $OUT/bench-scale.json"
+    --workloads 2x2048 --steps "$STEPS" --no-forward --deadline "$(( $(date +%s) + bench_s ))" || rc=$?
+keep
+say "benchmark exit status $rc"
+
+# The wgpu tests on the GPU. Their fixtures are read from the checkout the binary was built in.
+if [ -f "$G/wgpu-tests.xz" ]; then
+    src=$(cat "$G/source-dir")
+    if [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
+    T=$WORK/wgpu-tests
+    [ -x "$T" ] || { xz -dc "$G/wgpu-tests.xz" > "$T" 2>/dev/null || python3 -c "import lzma, shutil, sys; \
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$G/wgpu-tests.xz" "$T"; chmod +x "$T"; }
+    left=$((END - $(date +%s) - 5))
+    say "wgpu tests: ${left} s left (fixtures from $src -> $(realpath "$src"))"
+    if [ "$left" -gt 20 ]; then
+        (cd "$WORK" && DECISION_REQUIRE_CHECKERS=vulkan,gpu timeout "$left" "$T" --test-threads 1 --nocapture) \
+            > "$OUT/wgpu-tests.log" 2>&1 && say "wgpu tests passed" || say "wgpu tests failed, status $? (wgpu-tests.log)"
+        tail -30 "$OUT/wgpu-tests.log"
+    fi
+fi
+say "done in $(( $(date +%s) - START )) s: $OUT"
