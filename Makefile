@@ -115,10 +115,11 @@ bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
 
 ## gpu-check-prepare: what scripts/gpu-check.sh carries to a GPU machine, into bench-out/gpu-check/
-## (about 26 MB): the decision binary stripped and xz-compressed with the newest glibc symbol
+## (about 42 MB): the decision binary stripped and xz-compressed with the newest glibc symbol
 ## version it needs, the 4B shape's checkpoint without weights (config, tokenizer, decision.json,
-## 10 states of about 2048 tokens), and the Vulkan loader's .deb (apt-get download). Then, there:
-## scripts/gpu-check.sh
+## 10 states of about 2048 tokens), the wgpu tests' binary (train/tests/wgpu.rs) stripped and
+## compressed, and the .debs of the Vulkan loader and GLVND (apt-get download). Then, there:
+## scripts/gpu-check.sh (or scripts/gpu-probe.sh, to see where a wgpu run spends its time)
 GPU_CHECK := bench-out/gpu-check
 gpu-check-prepare:
 	$(CARGO) build --workspace --bin decision --example random_qwen3
@@ -136,7 +137,7 @@ gpu-check-prepare:
 	strip -o $(GPU_CHECK)/wgpu-tests $$(cat $(GPU_CHECK)/wgpu-tests.path) && rm $(GPU_CHECK)/wgpu-tests.path
 	xz -T0 -6 -f $(GPU_CHECK)/wgpu-tests
 	echo "$(CURDIR)" > $(GPU_CHECK)/source-dir
-	cd $(GPU_CHECK) && rm -f libvulkan1_*.deb && apt-get download libvulkan1
+	cd $(GPU_CHECK) && rm -f *.deb && apt-get download libvulkan1 libglvnd0 libglx0 libegl1 libgl1 libopengl0 libgles2
 	du -sh $(GPU_CHECK)
 
 ## bench-worker: decision-worker (tract, no Burn) through the real process over pipes, as keel drives

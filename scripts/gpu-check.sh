@@ -10,7 +10,8 @@
 #   skeleton/model-2048 the Qwen3-4B shape's config.json (configs/shapes/qwen3-4b.json), the tiny
 #                       word-level tokenizer, decision.json and 10 states of about 2048 tokens;
 #                       no weights (`random_qwen3 --no-weights`)
-#   libvulkan1_*.deb    the Vulkan loader, for machines without libvulkan.so.1
+#   *.deb               the Vulkan loader and GLVND (libvulkan1, libglvnd0, libglx0, libegl1, libgl1,
+#                       libopengl0, libgles2), for machines without them
 #   wgpu-tests.xz       the test binary of train/tests/wgpu.rs, stripped and compressed, with
 #   source-dir          the checkout it was built in (its fixtures are read from there: on the GPU
 #                       machine that path is linked to this checkout when it is free)
@@ -65,58 +66,8 @@ if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | 
 fi
 say "glibc $have (the binary needs ${need:-an unrecorded version})"
 
-# The binary: carried compressed (xz, or Python's lzma where xz is missing).
-BIN=$WORK/decision
-if [ ! -x "$BIN" ]; then
-    if command -v xz >/dev/null; then xz -dc "$G/decision.xz" > "$BIN"; else
-        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$G/decision.xz" "$BIN"
-    fi
-    chmod +x "$BIN"
-fi
-"$BIN" --version
-
-# The Vulkan loader: the system's, else the carried .deb unpacked.
-if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
-    deb=$(ls "$G"/libvulkan1_*.deb | head -1)
-    mkdir -p "$WORK/vulkan"
-    if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$deb" "$WORK/vulkan"; else
-        (cd "$WORK/vulkan" && ar x "$(realpath "$deb")" && tar xf data.tar.*)
-    fi
-    lib=$(dirname "$(find "$WORK/vulkan" -name 'libvulkan.so.1*' | head -1)")
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    say "Vulkan loader from $deb"
-fi
-
-# NVIDIA's Vulkan driver: the driver's ICD manifest if installed, else one written for
-# libGLX_nvidia.so.0 (the driver's Vulkan implementation). A container gets that library only with
-# the `graphics` driver capability (NVIDIA_DRIVER_CAPABILITIES=all, or one that lists graphics).
-caps=${NVIDIA_DRIVER_CAPABILITIES:-}
-say "NVIDIA_DRIVER_CAPABILITIES=${caps:-(unset)}"
-icd=""
-# A driver mounted into a container (/usr/local/nvidia) need not be on the loader's search path:
-# the manifest written here names the library by its full path, and its folder (where the driver's
-# other libraries are) joins LD_LIBRARY_PATH.
-for d in /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
-    [ -f "$d/nvidia_icd.json" ] && icd="$d/nvidia_icd.json" && break
-done
-glx=$(ldconfig -p 2>/dev/null | awk '/libGLX_nvidia.so.0 / {print $NF; exit}' || true)
-[ -n "$glx" ] || glx=$(find /usr/local/nvidia /usr/lib /usr/lib64 /usr/local -name 'libGLX_nvidia.so.0' 2>/dev/null | head -1 || true)
-if [ -n "$glx" ]; then
-    [ -n "$icd" ] && say "driver manifest $icd: $(tr -d '\n' < "$icd")"
-    icd="$WORK/nvidia_icd.json"
-    printf '{"file_format_version": "1.0.1", "ICD": {"library_path": "%s", "api_version": "1.3"}}\n' "$glx" > "$icd"
-    export LD_LIBRARY_PATH="$(dirname "$glx")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-if [ -z "$icd" ]; then
-    say "no NVIDIA Vulkan driver here (ICD manifest: ${icd:-none}; libGLX_nvidia.so.0: ${glx:-none}): our side cannot run."
-    case ",$caps," in
-        *,all,*|*,graphics,*) say "the container has the graphics capability, so the driver's user-space Vulkan files are missing" ;;
-        *) say "in a container, start it with NVIDIA_DRIVER_CAPABILITIES=all (or compute,utility,graphics)" ;;
-    esac
-    exit 3
-fi
-export VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd"
-say "Vulkan ICD $icd -> $glx"
+# The carried binary, the Vulkan loader and NVIDIA's Vulkan driver.
+. scripts/gpu-env.sh
 
 # Vulkan must see the GPU through that driver: `decision train --plan --backend wgpu` brings the
 # adapter up and names it, its compiler, dtypes and memory (no weights needed).
