@@ -31,6 +31,9 @@ pub(crate) struct PassPlan {
     pub shards: usize,
     pub grad_accum: usize,
     pub recompute: bool,
+    /// With recompute, whether the replay by hand reuses each layer's attention from the first
+    /// pass (the memory plan's choice, [`crate::plan::MemoryPlan::fitted`]).
+    pub keep_attention: bool,
     pub weights: LossWeights,
     /// Multiplies the loss before the backward pass (1 without dynamic loss scaling).
     pub loss_scale: f32,
@@ -44,6 +47,7 @@ impl PassPlan {
             shards: cfg.train.shards,
             grad_accum: cfg.optim.grad_accum,
             recompute: cfg.train.recompute,
+            keep_attention: true,
             weights,
             loss_scale: 1.0,
             check_products: false,
@@ -147,7 +151,13 @@ fn shard_pass(
     let checks = plan.check_products.then(ProductChecks::new);
     let head = |decoded| training_loss(model, decoded, &mb, plan.weights).mul_scalar(scale);
     let (value, grads) = if plan.recompute {
-        crate::recompute::loss_and_grads(model, &mb.batch, head, checks.as_ref())
+        crate::recompute::loss_and_grads(
+            model,
+            &mb.batch,
+            head,
+            checks.as_ref(),
+            plan.keep_attention,
+        )
     } else {
         let loss = head(model.decode_checked(&mb.batch, checks.as_ref()));
         let value: f32 = loss.clone().into_scalar();

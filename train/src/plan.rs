@@ -39,8 +39,15 @@ pub struct MemoryPlan {
     /// Trainable weights' gradients (accumulated and one micro-batch's) and AdamW's two moments,
     /// and the adapters themselves in LoRA mode.
     pub trainable_state: u64,
-    /// One micro-batch's activations with recomputation.
+    /// One micro-batch's activations with recomputation (with `attention_kept` when
+    /// `keep_attention`).
     pub activations_recompute: u64,
+    /// What a LoRA run on the CPU keeps of each layer's attention for the replay by hand (its
+    /// output and row sums; `crate::recompute`), all layers, shards alive included; 0 elsewhere.
+    pub attention_kept: u64,
+    /// Whether the replay reuses that kept attention: true unless [`MemoryPlan::fitted`] found
+    /// that dropping it is what lets the run fit its device.
+    pub keep_attention: bool,
     /// One micro-batch's activations without it.
     pub activations_taped: u64,
     pub recompute: bool,
@@ -241,6 +248,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         trainable_state,
         activations_recompute,
         activations_taped,
+        attention_kept: alive * attention_kept,
+        keep_attention: true,
         recompute: cfg.train.recompute,
         finish,
         total: RUNTIME + weights + (trainable_state + act).max(finish),
@@ -252,6 +261,20 @@ fn gib(bytes: u64) -> String {
 }
 
 impl MemoryPlan {
+    /// This plan for a device of `dev`'s memory: where it does not fit but would without the
+    /// attention kept for the replay, the replay recomputes the attention core instead (a sixth
+    /// of a step's work at 2048 tokens) and the plan no longer counts it.
+    pub fn fitted(mut self, dev: &DeviceMemory) -> Self {
+        if self.total > dev.bytes && self.recompute && self.attention_kept > 0 {
+            self.activations_recompute -= self.attention_kept;
+            self.total = RUNTIME
+                + self.weights
+                + (self.trainable_state + self.activations_recompute).max(self.finish);
+            self.keep_attention = false;
+        }
+        self
+    }
+
     /// The table `--plan` prints.
     pub fn render(&self, cfg: &RunConfig, device: Option<&DeviceMemory>) -> String {
         let mut o = String::new();
@@ -295,6 +318,21 @@ impl MemoryPlan {
             &format!("activations with recompute{on}"),
             self.activations_recompute,
         );
+        if self.recompute && self.attention_kept > 0 {
+            if self.keep_attention {
+                row(
+                    &mut o,
+                    "  of which attention kept for the replay",
+                    self.attention_kept,
+                );
+            } else {
+                let _ = writeln!(
+                    o,
+                    "  attention recomputed in the replay: keeping it ({}) would not fit",
+                    gib(self.attention_kept)
+                );
+            }
+        }
         row(
             &mut o,
             &format!("activations without recompute{off}"),
@@ -318,7 +356,8 @@ impl MemoryPlan {
         o
     }
 
-    /// Refuse a plan over the device's memory, suggesting settings that fit.
+    /// Refuse a plan (as [`MemoryPlan::fitted`] made it for `dev`) over the device's memory,
+    /// suggesting settings that fit.
     pub fn check(&self, cfg: &RunConfig, arch: &Qwen3Config, dev: &DeviceMemory) -> Result<()> {
         if self.total <= dev.bytes {
             return Ok(());
@@ -338,7 +377,7 @@ impl MemoryPlan {
                 if c.train.mode == Mode::Lora {
                     c.train.dtype = dtype;
                 }
-                let p = plan(&c, arch);
+                let p = plan(&c, arch).fitted(dev);
                 // Suggest only what leaves a tenth of the device free: a plan is an estimate.
                 if p.total <= dev.bytes / 10 * 9 {
                     fits.push(format!(
@@ -538,5 +577,67 @@ mod tests {
         assert_eq!(shards(&cfg(3, 3), 2), (1, 2));
         // 10 rows in 4 shards: shards of 3 (the largest is what is alive)
         assert_eq!(shards(&cfg(10, 4), 2), (3, 2));
+    }
+
+    /// The 4B job on the CPU (bf16 base, 2 x 2048 tokens, recompute): the attention kept for the
+    /// replay is planned where the device has room for it, dropped where that is what makes the
+    /// run fit, and a device too small either way is still refused.
+    #[test]
+    fn the_kept_attention_goes_where_it_does_not_fit() {
+        let sets = [
+            "train.backend=cpu",
+            "train.dtype=bf16",
+            "train.batch_size=2",
+        ]
+        .map(String::from);
+        let text = include_str!("../../configs/qwen3-4b-lora.toml");
+        let cfg = RunConfig::parse(text, &sets).unwrap();
+        let arch = Qwen3Config::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../configs/shapes/qwen3-4b.json"),
+        )
+        .unwrap();
+        let full = plan(&cfg, &arch);
+        // output (2560 columns) and row sums (32 heads) in f32, 4096 tokens, 36 layers
+        assert_eq!(full.attention_kept, 4096 * 36 * (4096 + 32) * 4);
+        assert!(full.keep_attention && full.total > full.attention_kept + (10 << 30));
+        let dev = |bytes: u64| DeviceMemory {
+            bytes,
+            what: "a test machine".into(),
+            narrowest: Precision::Bf16,
+        };
+        // room for all of it: nothing changes
+        let roomy = plan(&cfg, &arch).fitted(&dev(full.total));
+        assert!(roomy.keep_attention);
+        assert_eq!(roomy.total, full.total);
+        assert!(roomy.check(&cfg, &arch, &dev(full.total)).is_ok());
+        // a byte short: the replay computes the attention again, and the run fits
+        let tight = dev(full.total - 1);
+        assert!(full.check(&cfg, &arch, &tight).is_err());
+        let fitted = plan(&cfg, &arch).fitted(&tight);
+        assert!(!fitted.keep_attention);
+        assert_eq!(fitted.total, full.total - full.attention_kept);
+        assert!(fitted.check(&cfg, &arch, &tight).is_ok());
+        let shown = fitted.render(&cfg, Some(&tight));
+        assert!(
+            shown.contains("attention recomputed in the replay"),
+            "{shown}"
+        );
+        // too small even without it: refused
+        let small = dev(fitted.total - 1);
+        assert!(
+            plan(&cfg, &arch)
+                .fitted(&small)
+                .check(&cfg, &arch, &small)
+                .is_err()
+        );
+        // without recompute nothing is kept, and nothing is dropped
+        let taped = RunConfig::parse(
+            text,
+            &[&sets[..], &["train.recompute=false".to_string()]].concat(),
+        )
+        .unwrap();
+        let p = plan(&taped, &arch).fitted(&tight);
+        assert!(p.keep_attention && p.total == plan(&taped, &arch).total);
     }
 }

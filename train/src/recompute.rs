@@ -60,12 +60,16 @@ pub(crate) fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
 /// The loss (as `head` computes it from the last decoder layer's output `[b, s, hidden]`) and the
 /// gradients of every trainable parameter, by layer recomputation. `model` is on an autodiff
 /// device. A non-finite loss returns no gradients. The forward pass flags its f16 products in
-/// `checks` (the replays compute the same products again, and are not flagged twice).
+/// `checks` (the replays compute the same products again, and are not flagged twice). Where the
+/// replay runs by hand, `keep_attention` keeps each layer's attention output and row sums from
+/// the forward pass for it (memory for a sixth of the step's work); else the replay computes
+/// them again. The gradients are the same bits either way.
 pub(crate) fn loss_and_grads(
     model: &Qwen3,
     batch: &Batch,
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
     checks: Option<&ProductChecks>,
+    keep_attention: bool,
 ) -> (f32, GradientsParams) {
     let heads = model
         .model
@@ -83,7 +87,7 @@ pub(crate) fn loss_and_grads(
     // DECISION_REPLAY=taped keeps the tape where the replay could run by hand, for comparison.
     let taped = std::env::var("DECISION_REPLAY").is_ok_and(|v| v == "taped");
     let replay = if matches!(core, CoreKind::Tiles) && !taped && replay::applies(model) {
-        Replay::ByHand
+        Replay::ByHand { keep_attention }
     } else {
         Replay::Taped
     };
@@ -95,7 +99,10 @@ pub(crate) fn loss_and_grads(
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Replay {
     Taped,
-    ByHand,
+    /// By hand, reusing the first pass's attention where `keep_attention`.
+    ByHand {
+        keep_attention: bool,
+    },
 }
 
 /// How the attention core runs outside the tape: in tiles on the CPU ([`flash`]), or in blocks
@@ -198,9 +205,9 @@ fn loss_and_grads_with(
         let layer = layer.valid();
         let (q, k, v) = layer.attention_inputs(x.clone(), &inputs, checks);
         let (heads, sums) = core.forward((&q, &k, &v), layer.self_attn.scale());
-        if replay == Replay::ByHand {
+        if let Replay::ByHand { keep_attention } = replay {
             let sums = sums.expect("the replay by hand runs the attention core in tiles");
-            attention.push((heads.clone(), sums));
+            attention.push(keep_attention.then(|| (heads.clone(), sums)));
         }
         x = layer.finish(x, heads, checks);
     }
@@ -221,7 +228,7 @@ fn loss_and_grads_with(
 
     // 3. Layers from the top down: by hand where only adapters train on the CPU (`replay`),
     // else through Burn's tape.
-    if replay == Replay::ByHand {
+    if let Replay::ByHand { .. } = replay {
         let Core::Tiles(mask) = &core else {
             unreachable!("the replay by hand runs the attention core in tiles")
         };
@@ -518,10 +525,45 @@ mod tests {
             for (core, replay) in [
                 (CoreKind::Blocks(3), Replay::Taped),
                 (CoreKind::Tiles, Replay::Taped),
-                (CoreKind::Tiles, Replay::ByHand),
+                (CoreKind::Tiles, KEPT),
+                (CoreKind::Tiles, RECOMPUTED),
             ] {
                 let n = assert_same_gradients(&model, core, replay, F32_TOL);
                 assert_eq!(n, 3 * 7 * 2 + rows_read);
+            }
+        }
+    }
+
+    const KEPT: Replay = Replay::ByHand {
+        keep_attention: true,
+    };
+    const RECOMPUTED: Replay = Replay::ByHand {
+        keep_attention: false,
+    };
+
+    /// The replay by hand with the first pass's attention kept, and with it computed again,
+    /// gives the same loss and the same gradients to the bit, in f32 and on a bf16 base: the same
+    /// kernels run on the same q, k and v.
+    #[test]
+    fn keeping_the_attention_changes_no_bit() {
+        let _rng = crate::trainer_tests::device_rng();
+        let device = burn::tensor::Device::flex();
+        device.seed(14);
+        let base = init_random(&config(false), 0.3, &device);
+        let bf16 = crate::trainer_tests::cast_weights(base.clone(), burn::tensor::FloatDType::BF16);
+        for model in [lora_model(base, vec![]), lora_model(bf16, vec![])] {
+            let run = |replay| {
+                let b = batch();
+                let (loss, g) =
+                    loss_and_grads_with(&model, &b, head(&model), CoreKind::Tiles, replay, None);
+                (loss.to_bits(), gradients(&model, &g))
+            };
+            let (kept, recomputed) = (run(KEPT), run(RECOMPUTED));
+            assert_eq!(kept.1.len(), 3 * 7 * 2);
+            assert_eq!(kept.0, recomputed.0, "loss");
+            for ((name, a), (_, b)) in kept.1.iter().zip(&recomputed.1) {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(a), bits(b), "{name}");
             }
         }
     }
@@ -565,7 +607,7 @@ mod tests {
         let model = lora_model(base, vec![3]);
         assert!(crate::replay::applies(&model));
         let tol = (2e-3, 2e-2);
-        for replay in [Replay::Taped, Replay::ByHand] {
+        for replay in [Replay::Taped, KEPT, RECOMPUTED] {
             let n = assert_same_gradients(&model, CoreKind::Tiles, replay, tol);
             assert_eq!(n, 3 * 7 * 2 + 1);
         }

@@ -15,7 +15,8 @@
 //! - the attention core: [`flash`]'s tiles, as on the taped path.
 //!
 //! The replay's forward skips `down_proj`'s frozen product, since nothing reads the layer's
-//! output, and the attention core, whose output and row sums the step's first pass kept.
+//! output, and the attention core where the step's first pass kept its output and row sums (as
+//! it does unless the memory plan finds no room for them).
 //! Gradients equal the taped replay's up to float rounding (tests in `recompute.rs`, in f32 and
 //! on a bf16 base). Anything else (full fine-tuning, trained norms, biases, an f16 base, another
 //! backend) keeps the taped replay.
@@ -125,13 +126,14 @@ impl<'a> Product<'a> {
 }
 
 /// The gradient of `layer`'s input `x` (`[b, s, hidden]`, plain CPU) given its output's gradient
-/// `g`; the adapters' gradients go into `grads`. `attention` is what [`flash::forward`] gave for
-/// this layer in the step's first pass (the same `q`, `k`, `v`: the same kernels on the same
-/// input), and `mask` the step's tiles' mask.
+/// `g`; the adapters' gradients go into `grads`. `attention`, where the step's first pass kept
+/// it, is what [`flash::forward`] gave for this layer there (the same `q`, `k`, `v`: the same
+/// kernels on the same input, so the same bits as computing it here); `mask` is the step's
+/// tiles' mask.
 pub(crate) fn layer_backward(
     layer: &DecoderLayer,
     x: Tensor<3>,
-    (out, saved): (Tensor<4>, flash::Saved),
+    attention: Option<(Tensor<4>, flash::Saved)>,
     inputs: &LayerInputs,
     mask: &flash::Mask,
     g: Tensor<3>,
@@ -161,6 +163,7 @@ pub(crate) fn layer_backward(
     let q = cpu_ops::norm_rope_heads(q_raw.clone(), h, qn.clone(), qn_eps, rope.0, rope.1);
     let k = cpu_ops::norm_rope_heads(k_raw.clone(), kvh, kn.clone(), kn_eps, rope.0, rope.1);
     let v = v.reshape([b, s, kvh, d]).swap_dims(1, 2);
+    let (out, saved) = attention.unwrap_or_else(|| flash::forward(&q, &k, &v, mask, scale));
     let heads = out.clone().swap_dims(1, 2).reshape([rows, h * d]);
     let o_p = Product::new(o_p);
     let (o, o_xa) = o_p.forward(&heads);

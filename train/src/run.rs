@@ -147,8 +147,11 @@ pub fn train(args: &TrainArgs) -> Result<ExitCode> {
         if let Some(source) = crate::plan::describe_source(&cfg, &arch)? {
             print!("{source}");
         }
-        let plan = crate::plan::plan(&cfg, &arch);
         let device = crate::plan::device_limit(cfg.train.backend, &gpu)?;
+        let plan = match &device {
+            Some(dev) => crate::plan::plan(&cfg, &arch).fitted(dev),
+            None => crate::plan::plan(&cfg, &arch),
+        };
         print!("{}", plan.render(&cfg, device.as_ref()));
         if let Some(dev) = &device {
             if let Err(e) = plan.check(&cfg, &arch, dev) {

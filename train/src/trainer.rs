@@ -117,10 +117,24 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             given.train.dtype, cfg.train.dtype
         );
     }
-    if let Some(dev) = crate::plan::device_limit(cfg.train.backend, &device)? {
-        let arch = crate::plan::architecture(cfg)?;
-        crate::plan::plan(cfg, &arch).check(cfg, &arch, &dev)?;
-    }
+    let keep_attention = match crate::plan::device_limit(cfg.train.backend, &device)? {
+        Some(dev) => {
+            let arch = crate::plan::architecture(cfg)?;
+            let plan = crate::plan::plan(cfg, &arch).fitted(&dev);
+            plan.check(cfg, &arch, &dev)?;
+            if !plan.keep_attention {
+                eprintln!(
+                    "[train] recompute: the replay computes each layer's attention again; keeping \
+                     it from the first pass ({:.2} GiB) would not fit {} ({:.2} GiB)",
+                    plan.attention_kept as f64 / (1u64 << 30) as f64,
+                    dev.what,
+                    dev.bytes as f64 / (1u64 << 30) as f64
+                );
+            }
+            plan.keep_attention
+        }
+        None => true,
+    };
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let _lock = crate::run_lock::RunLock::acquire(run_dir)?;
     let resume_from = if opts.resume {
@@ -141,6 +155,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             opts.progress,
             started,
         )?;
+        t.keep_attention = keep_attention;
         while t.state.step < t.total_steps && opts.stop_after.is_none_or(|n| t.state.step < n) {
             let step = t.step()?;
             t.log_step(&step)?;
@@ -267,6 +282,9 @@ struct Trainer<'a> {
     weights: LossWeights,
     /// Whether the base computes in f16, whose products are checked for overflow.
     f16_base: bool,
+    /// With recompute, whether the replay reuses the first pass's attention (the memory plan's
+    /// choice for the device).
+    keep_attention: bool,
     total_steps: u64,
     /// Parameters: (trainable, total).
     params: (usize, usize),
@@ -396,6 +414,7 @@ impl<'a> Trainer<'a> {
             },
             weights: LossWeights::new(&cfg.loss),
             f16_base,
+            keep_attention: true,
             total_steps,
             params,
             saved_at: resume_from.map(|(step, _)| step),
@@ -422,6 +441,7 @@ impl<'a> Trainer<'a> {
         let plan = PassPlan {
             loss_scale: scale,
             check_products: self.f16_base,
+            keep_attention: self.keep_attention,
             ..PassPlan::new(cfg, self.weights)
         };
         for micro in 0..cfg.optim.grad_accum {
