@@ -5,9 +5,11 @@
 # with every thread's stack taken at samples STACKS (cuda-gdb, else gdb) beside the binary's load
 # address. The carried binary is stripped: symbolise the stacks here, with the unstripped one:
 #   python3 scripts/symbolize_stacks.py OUT/stack-N.txt OUT/maps-N.txt target/debug/decision
-# Needs `make gpu-check-prepare`'s bench-out/gpu-check. Writes $OUT (probe.log, train.log,
+# Each run is made twice by default (RUNS): the second shows what the caches keep. Needs
+# `make gpu-check-prepare`'s bench-out/gpu-check. Writes $OUT (probe.log, train.log, compile.log,
+# autotune.log (cubecl's own: kernels compiled, autotune candidates and their times),
 # stack-N.txt, maps-N.txt). Environment: DTYPE (f32), RECOMPUTE (true), SAMPLES (12), EVERY (10),
-# STACKS ("3 9"), and any CUBECL_* setting to compare (CUBECL_AUTOTUNE_LEVEL defaults to minimal).
+# STACKS ("3"), and any CUBECL_* setting to compare (CUBECL_AUTOTUNE_LEVEL defaults to minimal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=${GPU_CHECK:-bench-out/gpu-check}
@@ -53,25 +55,55 @@ batch_size = 8
 permutations = 0
 max_states = 8
 TOML
-rm -rf "$WORK/run"
-CUBECL_AUTOTUNE_LEVEL=${CUBECL_AUTOTUNE_LEVEL:-minimal} "$BIN" train --config "$WORK/run.toml" --out "$WORK/run" \
-    > "$OUT/train.log" 2>&1 &
-PID=$!
-t0=$(date +%s)
+# cubecl's own account, through a cubecl.toml where the run starts: a line per kernel compiled
+# (`[Compiling kernel] NAME`) and autotune's candidates with their compile-and-bench times.
+cat > "$WORK/cubecl.toml" <<TOML
+[compilation.logger]
+level = "basic"
+file = "$OUT/compile.log"
+append = true
+
+[autotune.logger]
+level = "minimal"
+file = "$OUT/autotune.log"
+append = true
+TOML
 DBG=$(command -v cuda-gdb || command -v gdb || true)
-for i in $(seq 1 "${SAMPLES:-12}"); do
-    sleep "${EVERY:-10}"
-    kill -0 $PID 2>/dev/null || break
-    gpu=$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null || echo "no nvidia-smi")
-    say "$(( $(date +%s) - t0 )) s: GPU $gpu; process CPU % and RSS KiB $(ps -o %cpu=,rss= -p $PID); steps logged $(grep -c '"train"' "$WORK/run/metrics.jsonl" 2>/dev/null)"
-    if [ -n "$DBG" ] && [[ " ${STACKS:-3 9} " == *" $i "* ]]; then
-        grep -m1 " $BIN\$" /proc/$PID/maps > "$OUT/maps-$i.txt"
-        timeout -s KILL 40 "$DBG" -p $PID -batch -ex "thread apply all bt 40" 2>/dev/null | grep -E '^#|^Thread' \
-            | cut -c1-200 > "$OUT/stack-$i.txt"
-        say "stacks: $OUT/stack-$i.txt ($(wc -l < "$OUT/stack-$i.txt") lines)"
-    fi
+for run in $(seq 1 "${RUNS:-2}"); do
+    # the same run again: what cubecl's persistent caches and the driver's shader cache keep
+    echo "[run $run]" | tee -a "$OUT/compile.log" "$OUT/autotune.log" >> "$OUT/train.log"
+    rm -rf "$WORK/run"
+    compiled_before=$(grep -c '^\[Compiling kernel\]' "$OUT/compile.log")
+    (cd "$WORK" && exec env CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}" "$BIN" train \
+        --config "$WORK/run.toml" --out "$WORK/run") >> "$OUT/train.log" 2>&1 &
+    PID=$!
+    t0=$(date +%s)
+    for i in $(seq 1 "${SAMPLES:-12}"); do
+        sleep "${EVERY:-10}"
+        kill -0 $PID 2>/dev/null || break
+        gpu=$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null || echo "no nvidia-smi")
+        say "run $run, $(( $(date +%s) - t0 )) s: GPU $gpu; process CPU % and RSS KiB $(ps -o %cpu=,rss= -p $PID); kernels compiled $(( $(grep -c '^\[Compiling kernel\]' "$OUT/compile.log") - compiled_before )); steps logged $(grep -c '"train"' "$WORK/run/metrics.jsonl" 2>/dev/null)"
+        if [ "$run" = 1 ] && [ -n "$DBG" ] && [[ " ${STACKS:-3} " == *" $i "* ]]; then
+            grep -m1 " $BIN\$" /proc/$PID/maps > "$OUT/maps-$i.txt"
+            timeout -s KILL 40 "$DBG" -p $PID -batch -ex "thread apply all bt 40" 2>/dev/null | grep -E '^#|^Thread' \
+                | cut -c1-200 > "$OUT/stack-$i.txt"
+            say "stacks: $OUT/stack-$i.txt ($(wc -l < "$OUT/stack-$i.txt") lines)"
+        fi
+    done
+    if kill -0 $PID 2>/dev/null; then say "run $run still going after $(( $(date +%s) - t0 )) s: stopped"; kill $PID; fi
+    wait $PID
+    status=$?
+    compiled=$(( $(grep -c '^\[Compiling kernel\]' "$OUT/compile.log") - compiled_before ))
+    say "run $run: exit status $status after $(( $(date +%s) - t0 )) s; $compiled kernels compiled; $(grep -c '"train"' "$WORK/run/metrics.jsonl" 2>/dev/null) steps logged"
+    tr '\r' '\n' < "$OUT/train.log" | grep -E '^steps|^error' | tail -1 || true
 done
-if kill -0 $PID 2>/dev/null; then say "still running after $(( $(date +%s) - t0 )) s: stopped"; kill $PID; fi
-wait $PID
-say "train exit status $?; $(grep -c '"train"' "$WORK/run/metrics.jsonl" 2>/dev/null) steps logged"
-tr '\r' '\n' < "$OUT/train.log" | grep -E '^steps|^error' || true
+say "kernels compiled, most often first:"
+grep '^\[Compiling kernel\]' "$OUT/compile.log" | sort | uniq -c | sort -rn | head -15
+say "autotune candidates, slowest compile-and-bench first:"
+grep -o 'Tuning: .*(compilation & bench: [^)]*)' "$OUT/autotune.log" \
+    | awk '{ t = $NF; sub(/\)$/, "", t); v = t + 0; u = t; sub(/^[0-9.]+/, "", u);
+             ms = (u == "s") ? v * 1000 : (u == "ms") ? v : (u == "ns") ? v / 1e6 : v / 1000;
+             printf "%10.1f ms  %s\n", ms, $2 }' | sort -rn | head -10
+say "autotune: $(grep -c 'compilation & bench' "$OUT/autotune.log") candidates timed, \
+$(grep -o 'compilation & bench: [^)]*' "$OUT/autotune.log" | awk '{ t = $NF; v = t + 0; u = t; sub(/^[0-9.]+/, "", u);
+    s += (u == "s") ? v : (u == "ms") ? v / 1000 : (u == "ns") ? v / 1e9 : v / 1e6 } END { printf "%.1f", s }') s in all"
