@@ -65,7 +65,10 @@ enum Gen {
 
 fn main() -> ExitCode {
     // SAFETY: first thing in main, before any thread exists.
-    unsafe { decision_train::model::backend::quiet_headless_vulkan() };
+    unsafe {
+        decision_train::model::backend::quiet_headless_vulkan();
+        let _ = decision_train::model::host_memory::keep_freed_memory();
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Data(cmd) => cmd.run(),

@@ -21,6 +21,7 @@ pub(crate) mod cpu_ops;
 pub(crate) mod decision_model;
 pub(crate) mod f16_safety;
 pub(crate) mod flash;
+pub mod host_memory;
 pub mod hub;
 pub mod lora;
 pub mod peft;
