@@ -16,6 +16,10 @@
 ///
 /// Call it at the start of `main`, before any thread exists and before any large allocation.
 pub unsafe fn keep_freed_memory() -> bool {
+    // DECISION_MALLOC=default leaves glibc's own settings, for comparison.
+    if std::env::var("DECISION_MALLOC").is_ok_and(|v| v == "default") {
+        return true;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes the main arena's lock; the caller runs this before other threads
     // allocate. The mmap threshold's largest value on 64-bit targets is 32 MiB.
