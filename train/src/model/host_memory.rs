@@ -10,7 +10,7 @@
 //! runs each, docs/results.md), with the same peak RSS.
 
 /// Keep freed memory for reuse (glibc's malloc; elsewhere a no-op). Returns whether the allocator
-/// took every setting (glibc refuses a value out of range by returning 0, and changes nothing).
+/// took every setting (`mallopt` answers 0 to a parameter or value it does not take).
 ///
 /// # Safety
 ///
@@ -22,7 +22,7 @@ pub unsafe fn keep_freed_memory() -> bool {
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes the main arena's lock; the caller runs this before other threads
-    // allocate. The mmap threshold's largest value on 64-bit targets is 32 MiB.
+    // allocate. 32 MiB is the mmap threshold's largest default on 64-bit targets.
     unsafe {
         [
             (libc::M_MMAP_THRESHOLD, 32 << 20),
