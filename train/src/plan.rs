@@ -256,7 +256,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     }
 }
 
-fn gib(bytes: u64) -> String {
+/// `bytes` in GiB, two decimals, as the plan prints sizes.
+pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 

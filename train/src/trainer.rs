@@ -67,6 +67,7 @@ use crate::model::lora::{self, LoraSpec};
 use crate::model::peft::PeftAdapter;
 use crate::model::qwen3::Qwen3;
 use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm};
+use crate::plan::gib;
 use crate::run_config::{Init, Mode, RunConfig};
 use decision_prompt::spec::{DecisionSpec, PromptTemplate};
 
@@ -125,10 +126,10 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             if !plan.keep_attention {
                 eprintln!(
                     "[train] recompute: the replay computes each layer's attention again; keeping \
-                     it from the first pass ({:.2} GiB) would not fit {} ({:.2} GiB)",
-                    plan.attention_kept as f64 / (1u64 << 30) as f64,
+                     it from the first pass ({}) would not fit {} ({})",
+                    gib(plan.attention_kept),
                     dev.what,
-                    dev.bytes as f64 / (1u64 << 30) as f64
+                    gib(dev.bytes)
                 );
             }
             plan.keep_attention
@@ -198,7 +199,6 @@ fn gpu_failure(
     use crate::model::backend::GpuFailure;
     let on = crate::model::backend::wgpu_adapter()
         .map_or_else(String::new, |a| format!(" ({})", a.short()));
-    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
     let planned = crate::plan::architecture(cfg)
         .map(|arch| gib(crate::plan::plan(cfg, &arch).total))
         .unwrap_or_else(|_| "an unknown amount".into());
