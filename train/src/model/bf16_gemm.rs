@@ -5,10 +5,14 @@
 //! half the bytes.
 //!
 //! The weight is packed once ([`Packed`]): panels of [`NR`] columns, each a run of `k / 2` pairs
-//! of rows, so one vector load gives sixteen columns' next two rows. The activations are packed
-//! per product into tiles of [`MR`] rows, interleaved by pair, so a micro-tile reads one stream.
-//! Work is shared over rayon's threads by blocks of rows and columns; the pairs run in blocks of
-//! [`KC`] so a panel's block stays in L1 and the rows' block in L2.
+//! of rows, so one vector load gives sixteen columns' next two rows. The activations are
+//! rounded to bf16 per product ([`Rows`], 32 values to an instruction), which as `u32`s is
+//! already a row of pairs; a micro-tile broadcasts each row's next pair in turn. Work is shared
+//! over rayon's threads by blocks of rows and columns; the pairs run in blocks of [`KC`] so a
+//! panel's block stays in L1 and the rows' block in L2.
+//!
+//! [`product_on_thread`] is the same product on the calling thread over a block of a packed
+//! matrix: attention's tiles in bf16 (`flash`).
 //!
 //! The values differ from widening both operands to f32 and using an f32 product only in the
 //! order of the f32 sums (each product of two bf16 values is exact in f32) and in that
@@ -93,25 +97,132 @@ impl Packed {
     }
 }
 
-/// `a`'s `m` rows of `k`, rounded to bf16 (ties to even), as tiles of [`MR`] rows interleaved by
-/// pair: `[tile][k / 2 rounded up][MR]`, zero past `k` and past `m`.
-fn pack_rows(a: &[f32], m: usize, k: usize) -> Vec<u32> {
-    let kp = k.div_ceil(2);
-    let mut tiles = vec![0u32; m.div_ceil(MR) * kp * MR];
+/// `m` rows of `k` values rounded to bf16, each row as `k / 2` (rounded up) pairs: the left
+/// operand of a product. A row's pair `q` is its values `2q` (low half) and `2q + 1`, so a row
+/// of pairs is the row in bf16, read as `u32`s; zero past `k`, and zero rows pad `m` to a whole
+/// micro-tile of [`MR`] rows, which a micro-tile reads in full.
+pub(crate) struct Rows {
+    m: usize,
+    k: usize,
+    pairs: Vec<u32>,
+}
+
+impl Rows {
+    /// `a` `[m, k]` row-major, on the calling thread (for products too small to share out:
+    /// attention's tiles).
+    pub(crate) fn new(a: &[f32], m: usize, k: usize) -> Self {
+        assert_eq!(a.len(), m * k, "the rows' length");
+        let kp = k.div_ceil(2);
+        let mut pairs = vec![0u32; m.div_ceil(MR) * MR * kp];
+        for (row, out) in a.chunks_exact(k.max(1)).zip(pairs.chunks_exact_mut(kp.max(1))) {
+            to_pairs(row, out);
+        }
+        Self { m, k, pairs }
+    }
+
+    /// [`Self::new`] over rayon's threads, a micro-tile's rows to a task.
+    fn shared(a: &[f32], m: usize, k: usize) -> Self {
+        assert_eq!(a.len(), m * k, "the rows' length");
+        let kp = k.div_ceil(2);
+        let mut pairs = vec![0u32; m.div_ceil(MR) * MR * kp];
+        if k > 0 {
+            pairs
+                .par_chunks_mut(MR * kp)
+                .zip(a.par_chunks(MR * k))
+                .for_each(|(out, a)| {
+                    for (row, out) in a.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
+                        to_pairs(row, out);
+                    }
+                });
+        }
+        Self { m, k, pairs }
+    }
+
+    /// The pairs from row `r`'s pair `q` on, for a micro-tile (rows `r .. r + MR`).
+    fn at(&self, r: usize, q: usize) -> &[u32] {
+        &self.pairs[r * self.k.div_ceil(2) + q..]
+    }
+}
+
+/// `x` rounded to bf16 (ties to even), as pairs into `out` (`x.len() / 2` rounded up).
+fn to_pairs(x: &[f32], out: &mut [u32]) {
+    assert!(available(), "the bf16 product needs AVX512_BF16");
+    // SAFETY: the CPU has the features (asserted above).
+    unsafe { to_pairs_avx512(x, out) }
+}
+
+/// [`to_pairs`], 32 values to an instruction; the rest one by one (`vcvtne2ps2bf16` flushes
+/// subnormals to zero, as the products' `vdpbf16ps` treats them anyway).
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn to_pairs_avx512(x: &[f32], out: &mut [u32]) {
+    assert_eq!(out.len(), x.len().div_ceil(2));
+    let whole = x.len() / 32;
+    for c in 0..whole {
+        // SAFETY: 32 values from `32c` lie in `x`, 16 pairs from `16c` in `out`.
+        unsafe {
+            let lo = _mm512_loadu_ps(x.as_ptr().add(32 * c));
+            let hi = _mm512_loadu_ps(x.as_ptr().add(32 * c + 16));
+            let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(out.as_mut_ptr().add(16 * c).cast(), v);
+        }
+    }
     let bits = |x: f32| u32::from(bf16::from_f32(x).to_bits());
-    tiles
-        .par_chunks_mut(kp * MR)
-        .enumerate()
-        .for_each(|(t, tile)| {
-            for r in 0..MR.min(m - t * MR) {
-                let row = &a[(t * MR + r) * k..(t * MR + r + 1) * k];
-                for (q, pair) in row.chunks(2).enumerate() {
-                    let hi = pair.get(1).map_or(0, |&x| bits(x));
-                    tile[q * MR + r] = bits(pair[0]) | hi << 16;
+    for (o, pair) in out[16 * whole..].iter_mut().zip(x[32 * whole..].chunks(2)) {
+        *o = bits(pair[0]) | pair.get(1).map_or(0, |&x| bits(x)) << 16;
+    }
+}
+
+/// `c (+)= bf16(a)·b[ks, cols]` on the calling thread, unrounded: `a` `[m, ks.len()]`, `b`'s
+/// rows `ks` (starting at an even row) and columns `cols` (starting at a panel, a multiple of
+/// [`NR`]), `c` row-major with `ldc` values a row, its first `cols.len()` columns written.
+/// Only where [`available`]. When `ks` is odd in length, `b`'s next row (if any) meets `a`'s
+/// zero padding, so it must be finite.
+pub(crate) fn product_on_thread(
+    a: &Rows,
+    b: &Packed,
+    ks: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(available(), "the bf16 product needs AVX512_BF16");
+    assert!(ks.start % 2 == 0 && ks.end <= b.k && a.k == ks.len(), "the rows of b");
+    assert!(cols.start % NR == 0 && cols.end <= b.n, "the columns of b");
+    let m = a.m;
+    if m == 0 || cols.is_empty() {
+        return;
+    }
+    assert!(cols.len() <= ldc && c.len() >= (m - 1) * ldc + cols.len(), "the output");
+    let (kp, kpb) = (a.k.div_ceil(2), b.k.div_ceil(2));
+    for (i, p) in (cols.start / NR..cols.end.div_ceil(NR)).enumerate() {
+        let width = NR.min(cols.end - p * NR);
+        for q0 in (0..kp).step_by(KC) {
+            let pairs = KC.min(kp - q0);
+            let panel = &b.pairs[(p * kpb + ks.start / 2 + q0) * NR..];
+            for t in 0..m.div_ceil(MR) {
+                // SAFETY: the CPU has the features (asserted above); the tile reads `pairs`
+                // pairs of `MR` rows within `a` (padded to whole tiles) and of `NR` columns
+                // within the panel (b's pairs `ks.start / 2 + q0 ..` stay within its `kpb`), and
+                // writes rows `MR.min(m − t·MR)` × `width` columns from `t·MR·ldc + i·NR`,
+                // inside `c` (asserted above).
+                unsafe {
+                    micro_tile(
+                        a.at(t * MR, q0).as_ptr(),
+                        kp,
+                        panel.as_ptr(),
+                        pairs,
+                        c.as_mut_ptr().add(t * MR * ldc + i * NR),
+                        ldc,
+                        MR.min(m - t * MR),
+                        width,
+                        accumulate || q0 > 0,
+                        false,
+                    );
                 }
             }
-        });
-    tiles
+        }
+    }
 }
 
 /// `c = bf16(a)·b`, its values rounded to bf16 when `round` (as a product in bf16 would give),
@@ -125,7 +236,7 @@ pub(crate) fn product(a: &[f32], m: usize, b: &Packed, c: &mut [f32], round: boo
         return;
     }
     let kp = k.div_ceil(2);
-    let rows = pack_rows(a, m, k);
+    let rows = Rows::shared(a, m, k);
     let row_tasks = m.div_ceil(MR).div_ceil(TILES_PER_TASK);
     let col_tasks = n.div_ceil(NR).div_ceil(PANELS_PER_TASK);
     let out = SharedOut(c.as_mut_ptr());
@@ -139,7 +250,7 @@ pub(crate) fn product(a: &[f32], m: usize, b: &Packed, c: &mut [f32], round: boo
                 let panel = &b.pairs[(p * kp + q0) * NR..];
                 let cols = NR.min(n - p * NR);
                 for t in tiles.clone() {
-                    let tile = &rows[(t * kp + q0) * MR..];
+                    let tile = rows.at(t * MR, q0);
                     let at = t * MR * n + p * NR;
                     let last = q0 + pairs == kp;
                     // SAFETY: the CPU has the features (asserted above); the tile reads `pairs`
@@ -149,6 +260,7 @@ pub(crate) fn product(a: &[f32], m: usize, b: &Packed, c: &mut [f32], round: boo
                     unsafe {
                         micro_tile(
                             tile.as_ptr(),
+                            kp,
                             panel.as_ptr(),
                             pairs,
                             out.at(at),
@@ -180,13 +292,14 @@ impl SharedOut {
     }
 }
 
-/// `c (+)= a·b` for one [`MR`] × [`NR`] tile over `pairs` pairs of rows: `a` `[pairs][MR]`,
-/// `b` `[pairs][NR]`, `c` row-major with `ldc`, of which `rows` rows and `cols` columns are
+/// `c (+)= a·b` for one [`MR`] × [`NR`] tile over `pairs` pairs of rows: `a` `MR` rows of pairs
+/// `lda` apart, `b` `[pairs][NR]`, `c` row-major with `ldc`, of which `rows` rows and `cols` columns are
 /// written, rounded to bf16 when `round`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn micro_tile(
     a: *const u32,
+    lda: usize,
     b: *const u32,
     pairs: usize,
     c: *mut f32,
@@ -206,7 +319,7 @@ unsafe fn micro_tile(
             )
         };
         for (r, acc) in acc.iter_mut().enumerate() {
-            let x = bh(_mm512_set1_epi32(unsafe { *a.add(q * MR + r) } as i32));
+            let x = bh(_mm512_set1_epi32(unsafe { *a.add(r * lda + q) } as i32));
             acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
             acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
         }

@@ -234,7 +234,7 @@ impl Bf16Weight {
 /// Whether bf16 products run on AVX512_BF16: where the CPU has it, unless
 /// `DECISION_BF16_PRODUCT=widened` asks for the f32 product (for comparisons).
 #[cfg(target_arch = "x86_64")]
-fn native_bf16() -> bool {
+pub(crate) fn native_bf16() -> bool {
     static NATIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *NATIVE.get_or_init(|| {
         bf16_gemm::available()

@@ -81,6 +81,11 @@ impl Dims {
     fn groups(&self) -> usize {
         self.h / self.kvh
     }
+
+    /// The queries' (and the output's) shape `[b, h, s, d]`.
+    fn shape(&self) -> [usize; 4] {
+        [self.b, self.h, self.s, self.d]
+    }
 }
 
 fn values(t: &Tensor<4>) -> Vec<f32> {
@@ -109,9 +114,68 @@ pub(crate) fn forward(
     scale: f32,
 ) -> (Tensor<4>, Saved) {
     let dims = Dims::of(q, k);
+    let (qv, kv, vv) = (values(q), values(k), values(v));
+    let d = dims.d;
+    let (out, lse) = forward_heads(dims, mask, scale, |bh, kvi| F32Products {
+        q: head(&qv, bh, dims.s * d),
+        k: head(&kv, kvi, dims.s * d),
+        v: head(&vv, kvi, dims.s * d),
+        d,
+    });
+    (tensor(out, dims.shape(), &q.device()), Saved { lse })
+}
+
+/// [`forward`]'s output with the tiles' two products in bf16, by AVX512_BF16: `q`, `k`, `v` and
+/// each tile's probabilities rounded to bf16, each product summed in f32, as a bf16 model's
+/// attention computes them (PyTorch's CPU kernel rounds the probabilities for `P·v` too). For
+/// the untaped forward of a bf16 model, where [`bf16_gemm::available`]; training keeps
+/// [`forward`], whose output its backward pass is the gradient of.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn forward_in_bf16(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    mask: &Mask,
+    scale: f32,
+) -> Tensor<4> {
+    use crate::model::bf16_gemm::Packed;
+    use half::bf16;
+    let dims = Dims::of(q, k);
+    let (s, d) = (dims.s, dims.d);
+    let (qv, kv, vv) = (values(q), values(k), values(v));
+    let rounded = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+    // Each key/value head packed once for the query heads that share it: kᵀ `[d, s]` (the
+    // head's rows `[s, d]` are its transpose) and v `[s, d]`.
+    let packed: Vec<(Packed, Packed)> = (0..dims.b * dims.kvh)
+        .into_par_iter()
+        .map(|i| {
+            (
+                Packed::new(&rounded(head(&kv, i, s * d)), (d, s), true),
+                Packed::new(&rounded(head(&vv, i, s * d)), (s, d), false),
+            )
+        })
+        .collect();
+    let (out, _) = forward_heads(dims, mask, scale, |bh, kvi| Bf16Products {
+        q: head(&qv, bh, s * d),
+        kt: &packed[kvi].0,
+        v: &packed[kvi].1,
+        d,
+        rows: None,
+    });
+    tensor(out, dims.shape(), &q.device())
+}
+
+/// Every head's output `[b, h, s, d]` and log-sum-exps `[b, h, s]`, shared out by head over
+/// rayon's threads; `products(bh, kvi)` gives head `bh`'s products, whose key/value head is
+/// `kvi` (both counted over the batch).
+fn forward_heads<P: TileProducts>(
+    dims: Dims,
+    mask: &Mask,
+    scale: f32,
+    products: impl Fn(usize, usize) -> P + Sync,
+) -> (Vec<f32>, Vec<f32>) {
     let Dims { b, h, s, d, .. } = dims;
     assert_eq!((mask.b, mask.s), (b, s), "mask and queries disagree");
-    let (qv, kv, vv) = (values(q), values(k), values(v));
     let mut out = vec![0f32; b * h * s * d];
     let mut lse = vec![0f32; b * h * s];
     out.par_chunks_mut(s * d)
@@ -121,9 +185,7 @@ pub(crate) fn forward(
             let (bi, hi) = (bh / h, bh % h);
             let kvi = bi * dims.kvh + hi / dims.groups();
             forward_head(
-                head(&qv, bh, s * d),
-                head(&kv, kvi, s * d),
-                head(&vv, kvi, s * d),
+                products(bh, kvi),
                 |row| mask.row(bi, row),
                 dims,
                 scale,
@@ -131,15 +193,78 @@ pub(crate) fn forward(
                 lse,
             );
         });
-    (tensor(out, [b, h, s, d], &q.device()), Saved { lse })
+    (out, lse)
 }
 
-/// One head: `q`, `k`, `v`, `out` are `[s, d]`, `lse` is `[s]`.
-#[allow(clippy::too_many_arguments)]
-fn forward_head<'m>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+/// The two products of a forward tile, over one head's `q`, `k`, `v` (`[s, d]` each).
+trait TileProducts {
+    /// `st` `[rows, cols]` = queries `i0 .. i0 + rows` · keys `j0 .. j0 + cols`ᵀ.
+    fn scores(&mut self, queries: (usize, usize), keys: (usize, usize), st: &mut [f32]);
+    /// `acc` `[rows, d]` += `p` `[rows, cols]` · values `j0 .. j0 + cols`.
+    fn add_values(&mut self, p: &[f32], rows: usize, keys: (usize, usize), acc: &mut [f32]);
+}
+
+/// Products in f32 by the `gemm` crate.
+struct F32Products<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    d: usize,
+}
+
+impl TileProducts for F32Products<'_> {
+    #[inline(always)]
+    fn scores(&mut self, (i0, rows): (usize, usize), (j0, cols): (usize, usize), st: &mut [f32]) {
+        let d = self.d;
+        // k's rows j0.. read as the columns of kᵀ.
+        let qt = &self.q[i0 * d..(i0 + rows) * d];
+        mm(rows, cols, d, qt, (d, 1), &self.k[j0 * d..], (1, d), st, false);
+    }
+
+    #[inline(always)]
+    fn add_values(&mut self, p: &[f32], rows: usize, (j0, cols): (usize, usize), acc: &mut [f32]) {
+        let d = self.d;
+        mm(rows, d, cols, p, (cols, 1), &self.v[j0 * d..], (d, 1), acc, true);
+    }
+}
+
+/// Products in bf16 by AVX512_BF16 ([`forward_in_bf16`]); the tile of queries is packed once
+/// for all its key tiles.
+#[cfg(target_arch = "x86_64")]
+struct Bf16Products<'a> {
+    q: &'a [f32],
+    kt: &'a crate::model::bf16_gemm::Packed,
+    v: &'a crate::model::bf16_gemm::Packed,
+    d: usize,
+    /// The packed queries and the first of them.
+    rows: Option<(usize, crate::model::bf16_gemm::Rows)>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileProducts for Bf16Products<'_> {
+    #[inline(always)]
+    fn scores(&mut self, (i0, rows): (usize, usize), (j0, cols): (usize, usize), st: &mut [f32]) {
+        use crate::model::bf16_gemm::{Rows, product_on_thread};
+        let d = self.d;
+        if self.rows.as_ref().is_none_or(|(at, _)| *at != i0) {
+            self.rows = Some((i0, Rows::new(&self.q[i0 * d..(i0 + rows) * d], rows, d)));
+        }
+        let (_, qt) = self.rows.as_ref().expect("packed above");
+        product_on_thread(qt, self.kt, 0..d, j0..j0 + cols, st, cols, false);
+    }
+
+    #[inline(always)]
+    fn add_values(&mut self, p: &[f32], rows: usize, (j0, cols): (usize, usize), acc: &mut [f32]) {
+        use crate::model::bf16_gemm::{Rows, product_on_thread};
+        let d = self.d;
+        let p = Rows::new(p, rows, cols);
+        product_on_thread(&p, self.v, j0..j0 + cols, 0..d, acc, d, true);
+    }
+}
+
+/// One head: `out` `[s, d]`, `lse` `[s]`.
+fn forward_head<'m, P: TileProducts>(
+    products: P,
     mask: impl Fn(usize) -> &'m [f32],
     dims: Dims,
     scale: f32,
@@ -149,18 +274,15 @@ fn forward_head<'m>(
     #[cfg(target_arch = "x86_64")]
     if wide::available() {
         // SAFETY: the CPU has the features `wide::forward_head` is compiled for.
-        return unsafe { wide::forward_head(q, k, v, mask, dims, scale, out, lse) };
+        return unsafe { wide::forward_head(products, mask, dims, scale, out, lse) };
     }
-    forward_head_any(q, k, v, mask, dims, scale, out, lse)
+    forward_head_any(products, mask, dims, scale, out, lse)
 }
 
 /// [`forward_head`]'s body, compiled for any x86-64 and again in [`wide`].
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn forward_head_any<'m>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+fn forward_head_any<'m, P: TileProducts>(
+    mut products: P,
     mask: impl Fn(usize) -> &'m [f32],
     dims: Dims,
     scale: f32,
@@ -173,7 +295,6 @@ fn forward_head_any<'m>(
     let mut sum = [0f32; TILE];
     for i0 in (0..s).step_by(TILE) {
         let rows = TILE.min(s - i0);
-        let qt = &q[i0 * d..(i0 + rows) * d];
         let acc = &mut out[i0 * d..(i0 + rows) * d];
         max[..rows].fill(f32::NEG_INFINITY);
         sum[..rows].fill(0.0);
@@ -181,8 +302,7 @@ fn forward_head_any<'m>(
         for j0 in (0..i0 + rows).step_by(TILE) {
             let cols = TILE.min(i0 + rows - j0);
             let st = &mut scores[..rows * cols];
-            // S = q·kᵀ: k's rows j0.. read as the columns of kᵀ.
-            mm(rows, cols, d, qt, (d, 1), &k[j0 * d..], (1, d), st, false);
+            products.scores((i0, rows), (j0, cols), st);
             for r in 0..rows {
                 let row = &mut st[r * cols..(r + 1) * cols];
                 let bias = &mask(i0 + r)[j0..j0 + cols];
@@ -203,18 +323,7 @@ fn forward_head_any<'m>(
                     acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= keep);
                 }
             }
-            // acc += P·v
-            mm(
-                rows,
-                d,
-                cols,
-                st,
-                (cols, 1),
-                &v[j0 * d..],
-                (d, 1),
-                acc,
-                true,
-            );
+            products.add_values(st, rows, (j0, cols), acc);
         }
         for r in 0..rows {
             let inv = 1.0 / sum[r];
@@ -409,19 +518,16 @@ mod wide {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn forward_head<'m>(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+    pub(super) unsafe fn forward_head<'m, P: TileProducts>(
+        products: P,
         mask: impl Fn(usize) -> &'m [f32],
         dims: Dims,
         scale: f32,
         out: &mut [f32],
         lse: &mut [f32],
     ) {
-        forward_head_any(q, k, v, mask, dims, scale, out, lse)
+        forward_head_any(products, mask, dims, scale, out, lse)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -571,6 +677,33 @@ mod tests {
                 "{name} at h {h}, s {s}, d {d}: relative L2 {rel:e}, worst element {worst:e} of the largest"
             );
         }
+
+        // The bf16 products, against the blocked path on q, k, v rounded to bf16 as they round
+        // them: what remains is each tile's probabilities rounded to bf16 for `P·v`, at most
+        // 2⁻⁹ of each, so an output moves by at most 2⁻⁹ · Σ p·|v| ≤ 2⁻⁹ · max |v| (and the
+        // sums' f32 roundings, `tol` of it).
+        #[cfg(target_arch = "x86_64")]
+        if crate::model::bf16_gemm::available() {
+            let round = |t: &Tensor<4>| {
+                let v = values(t).into_iter().map(|x| half::bf16::from_f32(x).to_f32());
+                tensor(v.collect(), t.dims(), &device)
+            };
+            let (q, k, v) = (round(&q), round(&k), round(&v));
+            let want = values(&attention_forward(&q, &k, &v, &bias, scale, chunk));
+            let got = values(&forward_in_bf16(&q, &k, &v, mask, scale as f32));
+            let top = values(&v).iter().fold(0f32, |m, x| m.max(x.abs()));
+            let bound = (2f32.powi(-9) + tol as f32) * top;
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs());
+            let worst = worst.fold(0f32, f32::max);
+            assert!(
+                worst <= bound,
+                "bf16 out at h {h}, s {s}, d {d}: {worst:e} against a bound of {bound:e}"
+            );
+            // Not the f32 tiles' values: the probabilities were rounded.
+            assert_ne!(got, values(&forward(&q, &k, &v, mask, scale as f32).0));
+        } else {
+            eprintln!("bf16 tiles not checked: this CPU lacks AVX512_BF16, which they run on");
+        }
     }
 
     #[test]
@@ -628,10 +761,16 @@ mod tests {
         let forward = |wide: bool| {
             let (mut out, mut lse) = (vec![0f32; s * d], vec![0f32; s]);
             let rows = |r| mask.row(0, r);
+            let products = F32Products {
+                q: &q,
+                k: &k,
+                v: &v,
+                d,
+            };
             if wide {
-                unsafe { wide::forward_head(&q, &k, &v, rows, dims, scale, &mut out, &mut lse) };
+                unsafe { wide::forward_head(products, rows, dims, scale, &mut out, &mut lse) };
             } else {
-                forward_head_any(&q, &k, &v, rows, dims, scale, &mut out, &mut lse);
+                forward_head_any(products, rows, dims, scale, &mut out, &mut lse);
             }
             (out, lse)
         };

@@ -219,23 +219,35 @@ impl Attention {
     ) -> Tensor<3> {
         let (q, k, v) = self.qkv(x, inputs, checks);
         if let Some(tiles) = &inputs.tiles {
-            let (out, _) = flash::forward(&q, &k, &v, tiles, self.scale() as f32);
+            let scale = self.scale() as f32;
+            #[cfg(target_arch = "x86_64")]
+            if self.q_proj.weight.val().dtype() == DType::BF16 && cpu_ops::native_bf16() {
+                let out = flash::forward_in_bf16(&q, &k, &v, tiles, scale);
+                return self.output(out, checks);
+            }
+            let (out, _) = flash::forward(&q, &k, &v, tiles, scale);
             return self.output(out, checks);
         }
+        let out = self.core(q, k, v, inputs.mask.clone());
+        self.output(out, checks)
+    }
+
+    /// The backend's attention of queries `[b, heads, n, d]` over keys and values `[b, kv_heads,
+    /// s, d]` under `mask` `[b, 1, n, s]`.
+    fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, mask: Tensor<4, Bool>) -> Tensor<4> {
         let groups = self.num_heads / self.num_kv_heads;
-        let out = attention(
+        attention(
             q,
             repeat_kv(k, groups),
             repeat_kv(v, groups),
-            Some(inputs.mask.clone()),
+            Some(mask),
             None,
             AttentionModuleOptions {
                 scale: Some(self.scale()),
                 softcap: None,
                 is_causal: false,
             },
-        );
-        self.output(out, checks)
+        )
     }
 
     /// Queries `[b, heads, s, d]`, keys and values `[b, kv_heads, s, d]`: projected, normed
