@@ -1456,3 +1456,28 @@ fn an_f16_run_skips_overflowing_steps_and_halves_the_loss_scale() {
         "resumed weights",
     );
 }
+
+/// `answer_logits` runs the last layer at the answer slot alone (`forward_last`). The full
+/// pass's last position, normed and through the same head rows, gives the same logits on rows
+/// with left padding: to f32 rounding with f32 weights; with bf16 weights within the bf16
+/// rounding of the full pass's attention tiles (their products in bf16, the slot's in f32).
+#[test]
+fn the_last_layer_at_the_answer_slot_alone_gives_the_full_pass() {
+    use burn::tensor::FloatDType;
+    let _rng = device_rng();
+    let device = Device::flex();
+    device.seed(23);
+    let model = init_random(&tiny_config(16), 0.3, &device);
+    for (model, tol) in [
+        (model.clone(), 1e-5),
+        (cast_weights(model, FloatDType::BF16), 1e-2),
+    ] {
+        let full = model.decode(&batch());
+        let [b, s, h] = full.dims();
+        let slot = model.model.norm.forward(full.narrow(1, s - 1, 1).reshape([b, h]));
+        let want = values(model.token_logits(slot, &LABELS));
+        let got = values(model.answer_logits(&batch(), &LABELS));
+        let rel = relative_l2(&got, &want);
+        assert!(rel < tol, "{:?}: relative L2 {rel:e}", model.dtype());
+    }
+}

@@ -378,6 +378,21 @@ impl DecoderLayer {
                 .forward(self.post_attention_layernorm.forward(x), checks)
     }
 
+    /// [`Self::forward`]'s output at the last position only, `[b, hidden]`: all the answer slot
+    /// reads of the last layer. Keys and values span every position; the attention's query, its
+    /// output projection and the MLP run for the last one alone (at 0.6B shapes the last layer
+    /// would otherwise be 1/28 of a forward pass spent on positions nothing reads).
+    pub(crate) fn forward_last(&self, x: Tensor<3>, inputs: &LayerInputs) -> Tensor<2> {
+        let [b, s, hidden] = x.dims();
+        let (q, k, v) = self.attention_inputs(x.clone(), inputs, None);
+        let last = |t: Tensor<4>| t.narrow(2, s - 1, 1);
+        let heads = self
+            .self_attn
+            .core(last(q), k, v, inputs.mask.clone().narrow(2, s - 1, 1));
+        self.finish(x.narrow(1, s - 1, 1), heads, None)
+            .reshape([b, hidden])
+    }
+
     /// The layer's seven projections with their paths inside it (`self_attn.q_proj` ...
     /// `mlp.down_proj`).
     pub fn projections(&self) -> [(&'static str, &Proj); 7] {
@@ -673,6 +688,16 @@ impl Qwen3 {
         batch: &Batch,
         checks: Option<&ProductChecks>,
     ) -> Tensor<3> {
+        self.decode_layers(batch, self.model.layers.len(), checks).0
+    }
+
+    /// The hidden states after the first `layers` decoder layers, and the inputs they took.
+    fn decode_layers(
+        &self,
+        batch: &Batch,
+        layers: usize,
+        checks: Option<&ProductChecks>,
+    ) -> (Tensor<3>, LayerInputs) {
         let device = self.device();
         let inputs = LayerInputs::new(batch, self.head_dim(), self.rope_theta, &device);
         let mut x = self.embed(
@@ -680,22 +705,28 @@ impl Qwen3 {
             self.token_values(),
             batch,
         );
-        for (i, layer) in self.model.layers.iter().enumerate() {
+        for (i, layer) in self.model.layers[..layers].iter().enumerate() {
             if let Some(c) = checks {
                 c.at_layer(i);
             }
             x = layer.forward(x, &inputs, checks);
         }
-        x
+        (x, inputs)
     }
 
-    /// Final-norm hidden state at the last position (the answer slot): `[b, hidden]`.
+    /// Final-norm hidden state at the last position (the answer slot): `[b, hidden]`. The last
+    /// layer computes that position alone ([`DecoderLayer::forward_last`]).
     pub(crate) fn last_hidden(&self, batch: &Batch) -> Tensor<2> {
-        let x = self.decode(batch);
-        let [b, s, h] = x.dims();
-        self.model
-            .norm
-            .forward(x.narrow(1, s - 1, 1).reshape([b, h]))
+        let n = self.model.layers.len();
+        let (x, inputs) = self.decode_layers(batch, n.saturating_sub(1), None);
+        let x = match self.model.layers.last() {
+            Some(last) => last.forward_last(x, &inputs),
+            None => {
+                let [b, s, h] = x.dims();
+                x.narrow(1, s - 1, 1).reshape([b, h])
+            }
+        };
+        self.model.norm.forward(x)
     }
 
     /// Logits of the given tokens only: `hidden [b, hidden]` × rows `token_ids` of the LM head →
