@@ -1474,7 +1474,10 @@ fn the_last_layer_at_the_answer_slot_alone_gives_the_full_pass() {
     ] {
         let full = model.decode(&batch());
         let [b, s, h] = full.dims();
-        let slot = model.model.norm.forward(full.narrow(1, s - 1, 1).reshape([b, h]));
+        let slot = model
+            .model
+            .norm
+            .forward(full.narrow(1, s - 1, 1).reshape([b, h]));
         let want = values(model.token_logits(slot, &LABELS));
         let got = values(model.answer_logits(&batch(), &LABELS));
         let rel = relative_l2(&got, &want);

@@ -114,7 +114,10 @@ impl Rows {
         assert_eq!(a.len(), m * k, "the rows' length");
         let kp = k.div_ceil(2);
         let mut pairs = vec![0u32; m.div_ceil(MR) * MR * kp];
-        for (row, out) in a.chunks_exact(k.max(1)).zip(pairs.chunks_exact_mut(kp.max(1))) {
+        for (row, out) in a
+            .chunks_exact(k.max(1))
+            .zip(pairs.chunks_exact_mut(kp.max(1)))
+        {
             to_pairs(row, out);
         }
         Self { m, k, pairs }
@@ -187,13 +190,22 @@ pub(crate) fn product_on_thread(
     accumulate: bool,
 ) {
     assert!(available(), "the bf16 product needs AVX512_BF16");
-    assert!(ks.start % 2 == 0 && ks.end <= b.k && a.k == ks.len(), "the rows of b");
-    assert!(cols.start % NR == 0 && cols.end <= b.n, "the columns of b");
+    assert!(
+        ks.start.is_multiple_of(2) && ks.end <= b.k && a.k == ks.len(),
+        "the rows of b"
+    );
+    assert!(
+        cols.start.is_multiple_of(NR) && cols.end <= b.n,
+        "the columns of b"
+    );
     let m = a.m;
     if m == 0 || cols.is_empty() {
         return;
     }
-    assert!(cols.len() <= ldc && c.len() >= (m - 1) * ldc + cols.len(), "the output");
+    assert!(
+        cols.len() <= ldc && c.len() >= (m - 1) * ldc + cols.len(),
+        "the output"
+    );
     let (kp, kpb) = (a.k.div_ceil(2), b.k.div_ceil(2));
     for (i, p) in (cols.start / NR..cols.end.div_ceil(NR)).enumerate() {
         let width = NR.min(cols.end - p * NR);

@@ -218,13 +218,33 @@ impl TileProducts for F32Products<'_> {
         let d = self.d;
         // k's rows j0.. read as the columns of kᵀ.
         let qt = &self.q[i0 * d..(i0 + rows) * d];
-        mm(rows, cols, d, qt, (d, 1), &self.k[j0 * d..], (1, d), st, false);
+        mm(
+            rows,
+            cols,
+            d,
+            qt,
+            (d, 1),
+            &self.k[j0 * d..],
+            (1, d),
+            st,
+            false,
+        );
     }
 
     #[inline(always)]
     fn add_values(&mut self, p: &[f32], rows: usize, (j0, cols): (usize, usize), acc: &mut [f32]) {
         let d = self.d;
-        mm(rows, d, cols, p, (cols, 1), &self.v[j0 * d..], (d, 1), acc, true);
+        mm(
+            rows,
+            d,
+            cols,
+            p,
+            (cols, 1),
+            &self.v[j0 * d..],
+            (d, 1),
+            acc,
+            true,
+        );
     }
 }
 
@@ -685,7 +705,9 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if crate::model::bf16_gemm::available() {
             let round = |t: &Tensor<4>| {
-                let v = values(t).into_iter().map(|x| half::bf16::from_f32(x).to_f32());
+                let v = values(t)
+                    .into_iter()
+                    .map(|x| half::bf16::from_f32(x).to_f32());
                 tensor(v.collect(), t.dims(), &device)
             };
             let (q, k, v) = (round(&q), round(&k), round(&v));
