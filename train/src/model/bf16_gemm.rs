@@ -111,39 +111,43 @@ impl Rows {
     /// `a` `[m, k]` row-major, on the calling thread (for products too small to share out:
     /// attention's tiles).
     pub(crate) fn new(a: &[f32], m: usize, k: usize) -> Self {
-        assert_eq!(a.len(), m * k, "the rows' length");
-        let kp = k.div_ceil(2);
-        let mut pairs = vec![0u32; m.div_ceil(MR) * MR * kp];
-        for (row, out) in a
-            .chunks_exact(k.max(1))
-            .zip(pairs.chunks_exact_mut(kp.max(1)))
-        {
-            to_pairs(row, out);
-        }
-        Self { m, k, pairs }
+        let mut rows = Self::zeroed(a, m, k);
+        fill(a, k, &mut rows.pairs);
+        rows
     }
 
     /// [`Self::new`] over rayon's threads, a micro-tile's rows to a task.
     fn shared(a: &[f32], m: usize, k: usize) -> Self {
-        assert_eq!(a.len(), m * k, "the rows' length");
-        let kp = k.div_ceil(2);
-        let mut pairs = vec![0u32; m.div_ceil(MR) * MR * kp];
+        let mut rows = Self::zeroed(a, m, k);
         if k > 0 {
-            pairs
-                .par_chunks_mut(MR * kp)
+            rows.pairs
+                .par_chunks_mut(MR * k.div_ceil(2))
                 .zip(a.par_chunks(MR * k))
-                .for_each(|(out, a)| {
-                    for (row, out) in a.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
-                        to_pairs(row, out);
-                    }
-                });
+                .for_each(|(out, a)| fill(a, k, out));
         }
+        rows
+    }
+
+    /// Zero pairs for `a`'s `m` rows of `k`, padded to whole micro-tiles.
+    fn zeroed(a: &[f32], m: usize, k: usize) -> Self {
+        assert_eq!(a.len(), m * k, "the rows' length");
+        let pairs = vec![0u32; m.div_ceil(MR) * MR * k.div_ceil(2)];
         Self { m, k, pairs }
     }
 
     /// The pairs from row `r`'s pair `q` on, for a micro-tile (rows `r .. r + MR`).
     fn at(&self, r: usize, q: usize) -> &[u32] {
         &self.pairs[r * self.k.div_ceil(2) + q..]
+    }
+}
+
+/// `a`'s rows of `k` into `out`, `k / 2` (rounded up) pairs a row.
+fn fill(a: &[f32], k: usize, out: &mut [u32]) {
+    if k == 0 {
+        return;
+    }
+    for (row, out) in a.chunks_exact(k).zip(out.chunks_exact_mut(k.div_ceil(2))) {
+        to_pairs(row, out);
     }
 }
 
