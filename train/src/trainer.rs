@@ -174,26 +174,40 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
     }
     // Burn's GPU runtime reports a failed allocation, a lost device or a kernel it cannot run
     // by panicking: such a run ends with an error that says which, what the plan needed and
-    // what to change. Nothing of the failed step is saved; the last checkpoint stands.
+    // what to change. Nothing of the failed step is saved; the last checkpoint stands. A panic
+    // on one of the runtime's own threads ends the process (`gpu_watch`) with the same error,
+    // and the folder's lock released, where the run would otherwise wait for ever.
+    let _explaining = {
+        let (cfg, device, run_dir) = (cfg.clone(), device.clone(), run_dir.to_path_buf());
+        crate::model::gpu_watch::explain_with(move |message| {
+            let _ = std::fs::remove_file(run_dir.join(crate::run_lock::FILE));
+            let failure = crate::model::backend::GpuFailure::of(message);
+            format!(
+                "{:#}",
+                gpu_failure(&cfg, &device, &run_dir, failure, message)
+            )
+        })
+    };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(result) => result,
         Err(panic) => {
             let message = crate::model::backend::panic_text(&panic);
             match crate::model::backend::GpuFailure::of(&message) {
-                Some(failure) => Err(gpu_failure(cfg, &device, run_dir, failure, &message)),
+                Some(failure) => Err(gpu_failure(cfg, &device, run_dir, Some(failure), &message)),
                 None => std::panic::resume_unwind(panic),
             }
         }
     }
 }
 
-/// The error of a GPU run that failed with `failure`: what happened on which adapter, the plan's
-/// figure against the device's memory, the settings to change, and the checkpoint to resume.
-fn gpu_failure(
+/// The error of a GPU run that failed with `failure` (`None`: a failure the runtime's message
+/// does not name): what happened on which adapter, the plan's figure against the device's
+/// memory, the settings to change, and the checkpoint to resume.
+pub(crate) fn gpu_failure(
     cfg: &RunConfig,
     device: &Device,
     run_dir: &Path,
-    failure: crate::model::backend::GpuFailure,
+    failure: Option<crate::model::backend::GpuFailure>,
     message: &str,
 ) -> anyhow::Error {
     use crate::model::backend::GpuFailure;
@@ -203,16 +217,17 @@ fn gpu_failure(
         .map(|arch| gib(crate::plan::plan(cfg, &arch).total))
         .unwrap_or_else(|_| "an unknown amount".into());
     let memory = match crate::plan::device_limit(cfg.train.backend, device) {
-        Ok(Some(dev)) => format!("{} ({})", gib(dev.bytes), dev.what),
-        _ => "an amount it does not report (set DECISION_DEVICE_MEMORY=GiB to have the plan \
-              enforced)"
+        Ok(Some(dev)) => format!("the device has {} ({})", gib(dev.bytes), dev.what),
+        _ => "the device does not report its memory (set DECISION_DEVICE_MEMORY=GiB to have the \
+              plan enforced)"
             .into(),
     };
+    let software = crate::model::backend::wgpu_adapter().is_some_and(|a| a.is_software());
     let what = match failure {
-        GpuFailure::OutOfMemory => format!(
-            "the GPU{on} ran out of memory: the plan needs about {planned} and the device has \
-             {memory}; lower --set train.batch_size (now {}, raising optim.grad_accum keeps the \
-             effective batch), --set data.max_tokens (now {}){}",
+        Some(GpuFailure::OutOfMemory) => format!(
+            "the GPU{on} ran out of memory: the plan needs about {planned} and {memory}; lower \
+             --set train.batch_size (now {}, raising optim.grad_accum keeps the effective \
+             batch), --set data.max_tokens (now {}){}",
             cfg.train.batch_size,
             cfg.data.max_tokens,
             if cfg.train.recompute {
@@ -221,15 +236,25 @@ fn gpu_failure(
                 ", or --set train.recompute=true".into()
             }
         ),
-        GpuFailure::DeviceLost => format!(
+        Some(GpuFailure::DeviceLost) => format!(
             "the GPU{on} was lost (a driver reset, a hang or a fault) while the run needed about \
-             {planned} of its {memory}; check the driver's log; a smaller --set \
-             train.batch_size or data.max_tokens shortens each kernel"
+             {planned} and {memory}; check the driver's log; a smaller --set train.batch_size or \
+             data.max_tokens shortens each kernel{}",
+            if software {
+                "; this adapter is a software rasteriser, and --backend cpu runs the same model \
+                 far faster"
+            } else {
+                ""
+            }
         ),
-        GpuFailure::Kernel => format!(
+        Some(GpuFailure::Kernel) => format!(
             "the GPU{on} could not compile or run one of the training kernels in {}; try --set \
              train.dtype=f32, or --backend cpu",
             cfg.train.dtype
+        ),
+        None => format!(
+            "a thread of the GPU{on}'s runtime failed, so the run cannot go on; it needed about \
+             {planned} and {memory}"
         ),
     };
     let resume = match checkpoint::latest(run_dir) {

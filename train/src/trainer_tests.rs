@@ -1016,6 +1016,68 @@ fn a_run_folder_takes_one_run_at_a_time() {
     assert!(!lock.exists(), "released at the end");
 }
 
+/// Each GPU failure's error names what happened, the plan's figure, the device's memory, the
+/// setting to change and where the run resumes: from its last checkpoint (a run stopped early
+/// writes one where it stops), or from the start.
+#[test]
+fn a_gpu_failure_says_what_the_plan_needed_and_where_to_resume() {
+    use crate::model::backend::GpuFailure;
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 8);
+    let cfg = tiny_run_config(&data, "");
+    let run = dir.path().join("run");
+    let opts = TrainOptions {
+        stop_after: Some(4),
+        ..TrainOptions::default()
+    };
+    train(&cfg, &run, &opts).unwrap();
+    let device = Device::flex();
+    let planned = {
+        let arch = crate::plan::architecture(&cfg).unwrap();
+        crate::plan::gib(crate::plan::plan(&cfg, &arch).total)
+    };
+    let told = |failure, run: &Path, message: &str| {
+        format!(
+            "{:#}",
+            crate::trainer::gpu_failure(&cfg, &device, run, failure, message)
+        )
+    };
+    let oom = told(
+        Some(GpuFailure::OutOfMemory),
+        &run,
+        " out of device memory\n",
+    );
+    for part in [
+        "ran out of memory",
+        &format!("the plan needs about {planned} and the device has "),
+        "--set train.batch_size (now 3",
+        "--set data.max_tokens (now 1024)",
+        "--set train.recompute=true",
+        "resumes from its checkpoint of step 4 with --resume",
+        "The runtime said: out of device memory",
+    ] {
+        assert!(oom.contains(part), "{part:?} in {oom}");
+    }
+    let lost = told(Some(GpuFailure::DeviceLost), &run, "device lost");
+    assert!(
+        lost.contains("was lost") && lost.contains(&planned),
+        "{lost}"
+    );
+    let kernel = told(Some(GpuFailure::Kernel), &run, "shader");
+    assert!(kernel.contains("train.dtype=f32"), "{kernel}");
+    let fresh = dir.path().join("fresh");
+    let other = told(None, &fresh, "Could not lock adapter context.");
+    for part in [
+        "a thread of the GPU's runtime failed",
+        &format!("it needed about {planned} and the device has "),
+        "no checkpoint was written yet",
+        "The runtime said: Could not lock adapter context.",
+    ] {
+        assert!(other.contains(part), "{part:?} in {other}");
+    }
+}
+
 /// A copy of the folder `from` (files and folders) at `to`.
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

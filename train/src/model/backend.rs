@@ -254,6 +254,7 @@ fn wgpu_device() -> Result<Device> {
     let up = WGPU.get_or_init(|| {
         let r = init_wgpu();
         if let Ok((_, adapter)) = &r {
+            super::gpu_watch::install();
             for line in adapter.report() {
                 eprintln!("{line}");
             }
@@ -387,6 +388,9 @@ impl GpuFailure {
             "device_lost",
             "poisoned",
             "lost device",
+            // wgpu's OpenGL backend, when its context stays locked 6 s (a long wait for the
+            // device holds it): the device is as good as lost to the run
+            "could not lock adapter context",
         ]) {
             Some(GpuFailure::DeviceLost)
         } else if any(&[
@@ -619,6 +623,10 @@ mod tests {
                 Some(DeviceLost),
             ),
             ("Parent device is lost (DeviceLost)", Some(DeviceLost)),
+            (
+                "Could not lock adapter context. This is most-likely a deadlock.",
+                Some(DeviceLost),
+            ),
             (
                 "failed to compile kernel matmul_f16: SPIR-V validation error",
                 Some(Kernel),

@@ -6,7 +6,8 @@
 //!   [`hub`]: Hugging Face Hub ids and the local cache; [`random_checkpoint`]: random
 //!   checkpoints laid out as a download (tests, benchmarks);
 //! - [`lora`]: LoRA adapters on the projections (Burn side) and [`peft`]: their PEFT files;
-//! - [`backend`]: CPU (flex) and GPU (wgpu) devices and precisions; [`f16_safety`]: finite
+//! - [`backend`]: CPU (flex) and GPU (wgpu) devices and precisions; `gpu_watch`: a GPU runtime
+//!   thread's panic ends the process with an error, not a hang; [`f16_safety`]: finite
 //!   checks of f16 products; `flash`: attention in tiles on the CPU (forward and backward);
 //!   `cpu_ops`: the untaped forward's element-wise work on the CPU, fused; `bf16_gemm`: products
 //!   with a frozen bf16 weight by AVX512_BF16;
@@ -21,6 +22,7 @@ pub(crate) mod cpu_ops;
 pub(crate) mod decision_model;
 pub(crate) mod f16_safety;
 pub(crate) mod flash;
+pub(crate) mod gpu_watch;
 pub mod host_memory;
 pub mod hub;
 pub mod lora;

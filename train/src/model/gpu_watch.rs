@@ -1,0 +1,147 @@
+//! What happens when one of the GPU runtime's own threads panics: the process ends with an error
+//! that says why, where it would otherwise wait forever.
+//!
+//! Burn's wgpu runtime (cubecl-wgpu 0.11.3) waits on the device from a thread it spawns without a
+//! name. Nothing joins that thread, so a panic there goes unseen, and every thread then waiting
+//! for the device (the run's own, reading a loss) sleeps in cubecl's queue for ever. wgpu's
+//! OpenGL backend panics exactly so ("Could not lock adapter context. This is most-likely a
+//! deadlock.") when its context stays locked for 6 s, which on Mesa's llvmpipe one long wait
+//! for the device does. So once a wgpu device is up ([`install`], from `backend`), a panic on an
+//! unnamed thread ends the process with status 2, as `decision`'s errors do, saying what the work
+//! in progress gives for it ([`explain_with`]: a training run names its plan, the device's memory
+//! and the checkpoint to resume), else the panic's own message.
+//!
+//! Named threads are left to their owners: the main thread and test threads unwind to their
+//! callers, and cubecl's device threads (`DSU-…`, `DSD-…`) catch their tasks' panics and hand
+//! the failure to the read that needs it.
+
+use std::sync::{Mutex, Once};
+
+type Explain = Box<dyn Fn(&str) -> String + Send + Sync>;
+
+static EXPLAIN: Mutex<Option<Explain>> = Mutex::new(None);
+static INSTALL: Once = Once::new();
+
+/// The status a runtime thread's failure ends the process with: `decision`'s status for errors.
+pub(crate) const EXIT_STATUS: i32 = 2;
+
+/// From now on, a panic on an unnamed thread ends the process (after the panic's usual report)
+/// with an error saying why. Once per process; later calls do nothing.
+pub(crate) fn install() {
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            if std::thread::current().name().is_some() {
+                return;
+            }
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("a thread of the GPU runtime panicked");
+            let explained = EXPLAIN
+                .lock()
+                .ok()
+                .and_then(|explain| explain.as_ref().map(|f| f(message)));
+            eprintln!(
+                "error: {}",
+                explained.unwrap_or_else(|| format!(
+                    "a thread of the GPU runtime failed, and the work waiting on the device \
+                     cannot go on: {}",
+                    message.trim()
+                ))
+            );
+            std::process::exit(EXIT_STATUS);
+        }));
+    });
+}
+
+/// Until the returned guard drops, a runtime thread's failure is told by `explain`, given the
+/// panic's message.
+pub(crate) fn explain_with(explain: impl Fn(&str) -> String + Send + Sync + 'static) -> Explaining {
+    set(Some(Box::new(explain)));
+    Explaining(())
+}
+
+fn set(explain: Option<Explain>) {
+    match EXPLAIN.lock() {
+        Ok(mut slot) => *slot = explain,
+        Err(poisoned) => *poisoned.into_inner() = explain,
+    }
+}
+
+/// Keeps [`explain_with`]'s explanation in place.
+#[must_use = "the explanation lasts as long as the guard"]
+pub(crate) struct Explaining(());
+
+impl Drop for Explaining {
+    fn drop(&mut self) {
+        set(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "DECISION_GPU_WATCH_CHILD";
+
+    /// Run in a child process of this test binary (the watch ends its process): a named thread's
+    /// panic is left to the thread that joins it; an unnamed thread's ends the process with the
+    /// explanation in place, while the main thread waits as a run waits on a dead device.
+    #[test]
+    fn a_panic_on_a_runtime_thread_ends_the_process_with_its_explanation() {
+        let test = "model::gpu_watch::tests::a_panic_on_a_runtime_thread_ends_the_process_with_its_explanation";
+        if std::env::var_os(CHILD).is_some() {
+            install();
+            let _explaining = explain_with(|m| format!("explained: {m}"));
+            let named = std::thread::Builder::new()
+                .name("DSD-0-0".into())
+                .spawn(|| panic!("a device task's panic"))
+                .unwrap()
+                .join();
+            assert!(named.is_err());
+            println!("the named thread's panic was left to its owner");
+            std::thread::spawn(|| {
+                panic!("Could not lock adapter context. This is most-likely a deadlock.")
+            });
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            println!("still waiting after 60 s");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(EXIT_STATUS),
+            "stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(stdout.contains("the named thread's panic was left to its owner"));
+        assert!(!stdout.contains("still waiting"));
+        assert!(
+            stderr.contains(
+                "error: explained: Could not lock adapter context. This is most-likely a deadlock."
+            ),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn the_explanation_lasts_as_long_as_its_guard() {
+        let told = |m: &str| EXPLAIN.lock().unwrap().as_ref().map(|f| f(m));
+        {
+            let _explaining = explain_with(|m| format!("run: {m}"));
+            assert_eq!(told("lost").as_deref(), Some("run: lost"));
+        }
+        assert_eq!(told("lost"), None);
+    }
+}
