@@ -5,7 +5,9 @@
 # with every thread's stack taken at samples STACKS (cuda-gdb, else gdb) beside the binary's load
 # address. The carried binary is stripped: symbolise the stacks here, with the unstripped one:
 #   python3 scripts/symbolize_stacks.py OUT/stack-N.txt OUT/maps-N.txt target/debug/decision
-# Each run is made twice by default (RUNS): the second shows what the caches keep. Needs
+# Each run is made twice by default (RUNS): the second shows what the driver's shader cache keeps
+# (cubecl keeps its autotune results and SPIR-V across runs only when built with Burn's
+# `persistence` feature, which this build leaves off: docs/results.md, "What a second run can keep"). Needs
 # `make gpu-check-prepare`'s bench-out/gpu-check. Writes $OUT (probe.log, train.log, compile.log,
 # autotune.log (cubecl's own: kernels compiled, autotune candidates and their times),
 # stack-N.txt, maps-N.txt). Environment: DTYPE (f32), RECOMPUTE (true), SAMPLES (12), EVERY (10),
