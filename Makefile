@@ -115,11 +115,14 @@ bench-scale: build $(if $(filter file,$(origin SCALE_PYTHON)),$(call venv,train,
 	$(SCALE_PYTHON) scripts/bench_scale.py --decision $(BIN) --make-model target/debug/examples/random_qwen3 --out bench-out/scale
 
 ## gpu-check-prepare: what scripts/gpu-check.sh carries to a GPU machine, into bench-out/gpu-check/
-## (about 42 MB): the decision binary stripped and xz-compressed with the newest glibc symbol
-## version it needs, the 4B shape's checkpoint without weights (config, tokenizer, decision.json,
-## 10 states of about 2048 tokens), the wgpu tests' binary (train/tests/wgpu.rs) stripped and
-## compressed, and the .debs of the Vulkan loader and GLVND (apt-get download). Then, there:
-## scripts/gpu-check.sh (or scripts/gpu-probe.sh, to see where a wgpu run spends its time)
+## (38 MB): the decision binary stripped and xz-compressed with the newest glibc symbol version it
+## needs, the 4B shape's checkpoint without weights (config, tokenizer, decision.json, 10 states of
+## about 2048 tokens), the wgpu tests' binary (train/tests/wgpu.rs) stripped and compressed, and the
+## .debs of the Vulkan loader and GLVND (apt-get download). AUTOTUNE=1 carries the decision binary
+## built with Burn's kernel autotuning (`gpu-autotune`, decision-autotune.xz) in place of the tests'
+## binary (46 MB), since all three with the checkout would pass the device machine's 64 MiB. Then,
+## there: scripts/gpu-check.sh (or scripts/gpu-probe.sh, to see where a wgpu run spends its time;
+## BUILD=autotune for the tuned build)
 GPU_CHECK := bench-out/gpu-check
 gpu-check-prepare:
 	$(CARGO) build --workspace --bin decision --example random_qwen3
@@ -130,12 +133,20 @@ gpu-check-prepare:
 	strip -o $(GPU_CHECK)/decision $(BIN)
 	objdump -T $(GPU_CHECK)/decision | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1 \
 		> $(GPU_CHECK)/glibc-needed
-	xz -T0 -6 -f $(GPU_CHECK)/decision
+	xz -T0 -9e -f $(GPU_CHECK)/decision
+	rm -f $(GPU_CHECK)/wgpu-tests.xz $(GPU_CHECK)/decision-autotune.xz
+ifneq ($(AUTOTUNE),1)
 	$(CARGO) test --workspace --test wgpu --no-run --message-format=json | python3 -c 'import json, sys; \
 		print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" \
 		and m["target"]["name"] == "wgpu" and m.get("executable")))' > $(GPU_CHECK)/wgpu-tests.path
 	strip -o $(GPU_CHECK)/wgpu-tests $$(cat $(GPU_CHECK)/wgpu-tests.path) && rm $(GPU_CHECK)/wgpu-tests.path
-	xz -T0 -6 -f $(GPU_CHECK)/wgpu-tests
+	xz -T0 -9e -f $(GPU_CHECK)/wgpu-tests
+else
+	$(CARGO) build --workspace --bin decision --features decision/gpu-autotune
+	strip -o $(GPU_CHECK)/decision-autotune $(BIN)
+	xz -T0 -9e -f $(GPU_CHECK)/decision-autotune
+	$(CARGO) build --workspace --bin decision
+endif
 	echo "$(CURDIR)" > $(GPU_CHECK)/source-dir
 	cd $(GPU_CHECK) && rm -f *.deb && apt-get download libvulkan1 libglvnd0 libglx0 libegl1 libgl1 libopengl0 libgles2
 	du -sh $(GPU_CHECK)

@@ -3,9 +3,12 @@
 #
 # For a Linux x86-64 machine with an NVIDIA GPU and its driver, python3 with PyTorch (CUDA),
 # transformers and peft, and no network. It builds nothing; `make gpu-check-prepare` (on the build
-# machine) writes bench-out/gpu-check/, about 26 MB, which must be carried to it:
+# machine) writes bench-out/gpu-check/, 38 MB (46 with AUTOTUNE=1), which must be carried to it:
 #   decision.xz         the `decision` binary (dev profile: every dependency and decision-train at
-#                       opt-level 3), stripped and xz-compressed
+#                       opt-level 3), stripped and xz-compressed; its matmuls are Burn's untuned
+#                       defaults
+#   decision-autotune.xz  with AUTOTUNE=1, in place of wgpu-tests.xz: the same built with
+#                       `--features gpu-autotune` (Burn's kernel autotuning); BUILD=autotune runs it
 #   glibc-needed        the newest GLIBC_x.y symbol version that binary links against
 #   skeleton/model-2048 the Qwen3-4B shape's config.json (configs/shapes/qwen3-4b.json), the tiny
 #                       word-level tokenizer, decision.json and 10 states of about 2048 tokens;

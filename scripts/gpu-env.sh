@@ -1,13 +1,16 @@
 # Sourced by scripts/gpu-check.sh and scripts/gpu-probe.sh on the GPU machine, with G (the carried
 # bench-out/gpu-check), WORK (a scratch folder) and a `say` function set: unpacks the carried
-# `decision` binary into $BIN, brings the Vulkan loader and GLVND where the system lacks them, and
+# `decision` binary into $BIN (BUILD=autotune: the one built with Burn's kernel autotuning,
+# decision-autotune.xz), brings the Vulkan loader and GLVND where the system lacks them, and
 # points the loader at NVIDIA's Vulkan driver (VK_DRIVER_FILES); exits 3 when there is none.
 
 # The binary: carried compressed (xz, or Python's lzma where xz is missing).
-BIN=$WORK/decision
+BIN=$WORK/decision${BUILD:+-$BUILD}
 if [ ! -x "$BIN" ]; then
-    if command -v xz >/dev/null; then xz -dc "$G/decision.xz" > "$BIN"; else
-        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$G/decision.xz" "$BIN"
+    packed="$G/$(basename "$BIN").xz"
+    [ -f "$packed" ] || { say "no $packed: run \`make gpu-check-prepare\` and carry $G"; exit 2; }
+    if command -v xz >/dev/null; then xz -dc "$packed" > "$BIN"; else
+        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$packed" "$BIN"
     fi
     chmod +x "$BIN"
 fi

@@ -11,7 +11,9 @@
 # `make gpu-check-prepare`'s bench-out/gpu-check. Writes $OUT (probe.log, train.log, compile.log,
 # autotune.log (cubecl's own: kernels compiled, autotune candidates and their times),
 # stack-N.txt, maps-N.txt). Environment: DTYPE (f32), RECOMPUTE (true), SAMPLES (12), EVERY (10),
-# STACKS ("3"), and any CUBECL_* setting to compare (CUBECL_AUTOTUNE_LEVEL defaults to minimal).
+# STACKS ("3"), BUILD (unset: the default build, whose matmuls are Burn's untuned defaults;
+# `autotune`: the build with Burn's kernel autotuning; give each its own OUT), and any CUBECL_*
+# setting to compare (CUBECL_AUTOTUNE_LEVEL defaults to minimal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=${GPU_CHECK:-bench-out/gpu-check}

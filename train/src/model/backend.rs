@@ -187,7 +187,11 @@ impl AdapterSummary {
                 bytes as f64 / (1u64 << 30) as f64
             );
         }
-        let mut lines = vec![format!("wgpu adapter: {}", self.describe()), kernels];
+        let mut lines = vec![
+            format!("wgpu adapter: {}", self.describe()),
+            kernels,
+            matmul_line(AUTOTUNE),
+        ];
         if self.is_software() {
             lines.push(
                 "warning: this wgpu adapter is a software rasteriser running on the CPU, not a \
@@ -212,6 +216,23 @@ impl AdapterSummary {
             cooperative_matrix,
             memory,
         }
+    }
+}
+
+/// Whether this build autotunes the GPU's kernels (the `gpu-autotune` feature, off by default:
+/// train/Cargo.toml says why).
+pub const AUTOTUNE: bool = cfg!(feature = "gpu-autotune");
+
+/// The report's line on how the GPU's matrix products are chosen in this build.
+fn matmul_line(autotune: bool) -> String {
+    if autotune {
+        "wgpu matmuls: autotuned (each new shape compiles and times Burn's candidate kernels \
+         first)"
+            .to_string()
+    } else {
+        "wgpu matmuls: Burn's default kernel per product, untuned (a build with `--features \
+         gpu-autotune` times Burn's candidates per shape instead)"
+            .to_string()
     }
 }
 
@@ -532,9 +553,9 @@ mod tests {
         for a in &software {
             assert!(a.is_software(), "{a:?}");
             let r = a.report();
-            assert_eq!(r.len(), 3, "{r:?}");
+            assert_eq!(r.len(), 4, "{r:?}");
             assert!(r[0].contains(&a.name) && r[0].contains(&a.device_type));
-            assert!(r[2].contains("slower than `--backend cpu`"), "{r:?}");
+            assert!(r[3].contains("slower than `--backend cpu`"), "{r:?}");
         }
         let gpus = [
             adapter(
@@ -561,7 +582,7 @@ mod tests {
         ];
         for a in &gpus {
             assert!(!a.is_software(), "{a:?}");
-            assert_eq!(a.report().len(), 2);
+            assert_eq!(a.report().len(), 3);
         }
         assert_eq!(
             software[0].describe(),
@@ -588,6 +609,10 @@ mod tests {
              matmul, 6 shapes; 24.00 GiB device memory"
         );
         assert_eq!(a.short(), "MSL on \"NVIDIA H200\"");
+        // the third line says how this build picks its matmul kernels
+        assert_eq!(a.report()[2], matmul_line(AUTOTUNE));
+        assert!(matmul_line(false).contains("untuned"));
+        assert!(matmul_line(true).starts_with("wgpu matmuls: autotuned"));
     }
 
     #[test]
