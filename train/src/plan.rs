@@ -55,6 +55,9 @@ pub struct MemoryPlan {
     /// trainable state, and the largest tensor's host copies while `final/` is saved.
     pub finish: u64,
     pub total: u64,
+    /// The largest single tensor the run allocates, and what it is: on a GPU each tensor is one
+    /// buffer, and an adapter caps a buffer's size ([`MemoryPlan::check_buffers`]).
+    pub largest_buffer: (u64, String),
 }
 
 /// Rows per shard of a micro-batch, and how many shards run at once on `threads` threads.
@@ -238,6 +241,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // `final/` is written in the weights' dtype, one tensor at a time: an f32 host copy of the
     // largest tensor and its bytes.
     let finish = merged + trainable_state + largest * (4 + w);
+    let largest_buffer = largest_buffer(cfg, arch, b, w, tokens_train);
     MemoryPlan {
         seq: s as usize,
         batch: cfg.train.batch_size,
@@ -253,6 +257,71 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         recompute: cfg.train.recompute,
         finish,
         total: RUNTIME + weights + (trainable_state + act).max(finish),
+        largest_buffer,
+    }
+}
+
+/// The largest single tensor a run allocates on its device, named: the largest weight in its
+/// dtype, one `[rows, s, intermediate]` MLP activation (f32), the next-token logits where
+/// `lm_weight` asks for them, a tied head rebuilt for trainable tokens (f32), and without
+/// recompute one layer's attention scores. With recompute the attention core's blocks of scores
+/// shrink to what the device allocates (`crate::recompute::query_chunk`), so they never are.
+fn largest_buffer(
+    cfg: &RunConfig,
+    arch: &Qwen3Config,
+    rows: u64,
+    w: u64,
+    tokens_train: bool,
+) -> (u64, String) {
+    let s = cfg.data.max_tokens as u64;
+    let (h, i, v) = (
+        arch.hidden_size as u64,
+        arch.intermediate_size as u64,
+        arch.vocab_size as u64,
+    );
+    let (name, shape) = crate::model::weights::expected_tensors(arch)
+        .into_iter()
+        .max_by_key(|(_, shape)| shape.iter().product::<usize>())
+        .unwrap_or_default();
+    let dtype = if w == 4 { "f32" } else { "a 16-bit float" };
+    let mut all = vec![
+        (
+            shape.iter().product::<usize>() as u64 * w,
+            format!("the weight {name} {shape:?} in {dtype}"),
+        ),
+        (
+            rows * s * i * 4,
+            format!("an MLP activation [{rows}, {s}, {i}] in f32"),
+        ),
+    ];
+    if cfg.loss.lm_weight > 0.0 {
+        all.push((
+            rows * s * v * 4,
+            format!("the next-token logits [{rows}, {s}, {v}] in f32"),
+        ));
+    }
+    if tokens_train {
+        all.push((
+            v * h * 4,
+            format!("the head with trainable tokens [{v}, {h}] in f32"),
+        ));
+    }
+    if !cfg.train.recompute {
+        let nh = arch.num_attention_heads as u64;
+        all.push((
+            rows * nh * s * s * 4,
+            format!("one layer's attention scores [{rows}, {nh}, {s}, {s}] in f32"),
+        ));
+    }
+    all.into_iter().max_by_key(|(b, _)| *b).unwrap_or_default()
+}
+
+/// `bytes` in MiB below a GiB, else in GiB, two decimals: a buffer's size.
+pub(crate) fn size(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        gib(bytes)
     }
 }
 
@@ -274,6 +343,41 @@ impl MemoryPlan {
             self.keep_attention = false;
         }
         self
+    }
+
+    /// Refuse a run whose largest tensor is larger than the largest buffer the device allocates
+    /// (`limit`, of `adapter`): it would fail at its first step whatever the memory free, where
+    /// a smaller batch, shorter prompts or a narrower dtype may fit.
+    pub fn check_buffers(
+        &self,
+        cfg: &RunConfig,
+        limit: u64,
+        adapter: &str,
+        computes: &[Precision],
+    ) -> Result<()> {
+        let (bytes, what) = &self.largest_buffer;
+        if *bytes <= limit {
+            return Ok(());
+        }
+        let half = computes.iter().find(|p| **p != Precision::F32);
+        let advice = match half {
+            _ if !what.starts_with("the weight") => format!(
+                "lower --set train.batch_size (now {}, raising optim.grad_accum keeps the \
+                 effective batch) or --set data.max_tokens (now {})",
+                cfg.train.batch_size, cfg.data.max_tokens
+            ),
+            Some(p) if cfg.train.mode == Mode::Lora && width(cfg) == 4 && bytes / 2 <= limit => {
+                format!("--set train.dtype={p} halves it")
+            }
+            _ => "this adapter cannot hold the model (a GPU's own Vulkan or Metal driver allows \
+                  far larger buffers); --backend cpu runs it"
+                .to_string(),
+        };
+        bail!(
+            "{what} takes {}, more than the largest buffer {adapter} allocates ({}); {advice}",
+            size(*bytes),
+            size(limit)
+        )
     }
 
     /// The table `--plan` prints.
@@ -640,5 +744,66 @@ mod tests {
         .unwrap();
         let p = plan(&taped, &arch).fitted(&tight);
         assert!(p.keep_attention && p.total == plan(&taped, &arch).total);
+    }
+
+    /// The largest tensor against an adapter's largest buffer: the 4B job's is its embedding
+    /// (151936 x 2560) in the base's dtype; llvmpipe's OpenGL buffers (128 MiB) cannot hold it in
+    /// any dtype, a 1 GiB one holds it in f16 but not in f32, and an activation over the limit
+    /// asks for a smaller batch instead.
+    #[test]
+    fn a_tensor_over_the_adapters_largest_buffer_is_refused_with_what_to_change() {
+        let text = include_str!("../../configs/qwen3-4b-lora.toml");
+        let arch = Qwen3Config::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../configs/shapes/qwen3-4b.json"),
+        )
+        .unwrap();
+        let at = |sets: &[&str]| {
+            let cfg = RunConfig::parse(
+                text,
+                &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let p = plan(&cfg, &arch);
+            (cfg, p)
+        };
+        let both = [Precision::F16, Precision::F32];
+        let (f16, p16) = at(&["train.dtype=f16"]);
+        let embedding = 151936 * 2560;
+        assert_eq!(p16.largest_buffer.0, embedding * 2);
+        assert!(p16.largest_buffer.1.contains("model.embed_tokens.weight"));
+        assert!(p16.check_buffers(&f16, 1 << 30, "a GPU", &both).is_ok());
+        let (f32, p32) = at(&["train.dtype=f32"]);
+        assert_eq!(p32.largest_buffer.0, embedding * 4);
+        let e = p32
+            .check_buffers(&f32, 1 << 30, "a GPU", &both)
+            .unwrap_err();
+        assert!(
+            format!("{e}").contains("--set train.dtype=f16 halves it"),
+            "{e}"
+        );
+        // an adapter without a 16-bit float, or one too small for half of it, cannot run it
+        let e = p32
+            .check_buffers(&f32, 1 << 30, "a GPU", &[Precision::F32])
+            .unwrap_err();
+        assert!(format!("{e}").contains("--backend cpu"), "{e}");
+        let e = p16
+            .check_buffers(&f16, 128 << 20, "llvmpipe", &both)
+            .unwrap_err();
+        assert!(
+            format!("{e}").contains("more than the largest buffer llvmpipe allocates (128.00 MiB)"),
+            "{e}"
+        );
+        // without recompute, one layer's scores [8, 32, 2048, 2048] in f32 (4 GiB) come first
+        let (taped, pt) = at(&[
+            "train.dtype=f16",
+            "train.recompute=false",
+            "train.batch_size=8",
+        ]);
+        assert_eq!(pt.largest_buffer.0, 8 * 32 * 2048 * 2048 * 4);
+        let e = pt
+            .check_buffers(&taped, 2 << 30, "a GPU", &both)
+            .unwrap_err();
+        assert!(format!("{e}").contains("train.batch_size (now 8"), "{e}");
     }
 }

@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::cli::{EvalArgs, ScoreArgs, TrainArgs};
 use crate::eval::{EvalReport, comparison, evaluate, states_of_split, table};
 use crate::model::decision_model::{DecisionModel, LoadOptions};
+use crate::plan::gib;
 use crate::run_config::RunConfig;
 use crate::run_folder;
 use crate::trainer::{TrainOptions, train as train_run};
@@ -153,6 +154,23 @@ pub fn train(args: &TrainArgs) -> Result<ExitCode> {
             None => crate::plan::plan(&cfg, &arch),
         };
         print!("{}", plan.render(&cfg, device.as_ref()));
+        if let Some(limit) = crate::model::backend::largest_buffer(&gpu) {
+            let (bytes, what) = &plan.largest_buffer;
+            println!(
+                "  largest tensor: {what}, {}; the adapter's buffers hold up to {}",
+                crate::plan::size(*bytes),
+                crate::plan::size(limit)
+            );
+            if let Err(e) = plan.check_buffers(
+                &cfg,
+                limit,
+                &crate::trainer::adapter_name(),
+                &crate::model::backend::supported_precisions(&gpu),
+            ) {
+                println!("  does not fit: {e:#}");
+                return Ok(ExitCode::from(1));
+            }
+        }
         if let Some(dev) = &device {
             if let Err(e) = plan.check(&cfg, &arch, dev) {
                 println!("  does not fit: {e:#}");
@@ -173,6 +191,18 @@ pub fn train(args: &TrainArgs) -> Result<ExitCode> {
         "steps           {} ({:.0} tokens/s, {:.1} s)",
         s.steps, s.tokens_per_s, s.wall_s
     );
+    if let Some(peak) = s.gpu_memory_peak_bytes {
+        // The plan for the dtype the device ran, beside what the runtime held.
+        let device = crate::model::backend::device(cfg.train.backend)?;
+        let ran = crate::plan::resolve_dtype(&cfg, &device)?;
+        let planned = crate::plan::architecture(&ran)
+            .map(|arch| format!(" (the plan: {})", gib(crate::plan::plan(&ran, &arch).total)))
+            .unwrap_or_default();
+        println!(
+            "GPU memory      {} held by the runtime at most{planned}",
+            gib(peak)
+        );
+    }
     println!(
         "valid           n = {}  accuracy {:.4}  nll {:.4}  brier {:.4}",
         s.valid_after.n, s.valid_after.accuracy, s.valid_after.nll, s.valid_after.brier

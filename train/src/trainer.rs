@@ -101,6 +101,10 @@ pub struct TrainSummary {
     pub final_train_loss: Option<f32>,
     /// True when the run stopped early (`stop_after`) and `final/` was not written.
     pub interrupted: bool,
+    /// On a GPU: the most device memory the runtime held at the end of a step (its pools'
+    /// reserved pages) in this process's part of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_peak_bytes: Option<u64>,
 }
 
 /// Train according to `cfg` into `run_dir`.
@@ -117,6 +121,15 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             "[train] dtype = \"{}\": the base computes in {} on this device",
             given.train.dtype, cfg.train.dtype
         );
+    }
+    if let Some(limit) = crate::model::backend::largest_buffer(&device) {
+        let arch = crate::plan::architecture(cfg)?;
+        crate::plan::plan(cfg, &arch).check_buffers(
+            cfg,
+            limit,
+            &adapter_name(),
+            &crate::model::backend::supported_precisions(&device),
+        )?;
     }
     let keep_attention = match crate::plan::device_limit(cfg.train.backend, &device)? {
         Some(dev) => {
@@ -266,6 +279,11 @@ pub(crate) fn gpu_failure(
     anyhow::anyhow!("{what}; {resume}. The runtime said: {}", message.trim())
 }
 
+/// The GPU adapter as messages name it: `SPIR-V on "NVIDIA H200"`.
+pub(crate) fn adapter_name() -> String {
+    crate::model::backend::wgpu_adapter().map_or_else(|| "the GPU".into(), |a| a.short())
+}
+
 /// Refuse what `--resume` (or its absence) cannot do with `run_dir`: resume a folder without a
 /// run or with another config; start a new run over an existing one.
 fn check_run_folder(cfg: &RunConfig, run_dir: &Path, resume: bool) -> Result<()> {
@@ -318,6 +336,8 @@ struct Trainer<'a> {
     metrics_path: PathBuf,
     bar: Option<indicatif::ProgressBar>,
     clock: Clock,
+    /// On a GPU, the most device memory the runtime has held at the end of a step so far.
+    gpu_peak: Option<u64>,
 }
 
 /// Throughput bookkeeping: the run's start (for `elapsed_s`), the loop's start and tokens then
@@ -445,6 +465,7 @@ impl<'a> Trainer<'a> {
             saved_at: resume_from.map(|(step, _)| step),
             metrics_path,
             bar: progress_bar(progress, total_steps, state.step),
+            gpu_peak: None,
             clock: Clock {
                 started,
                 loop_started: Instant::now(),
@@ -592,6 +613,10 @@ impl<'a> Trainer<'a> {
     /// `metrics.jsonl`.
     fn log_step(&mut self, s: &StepStats) -> Result<()> {
         let step = self.state.step;
+        let gpu = crate::model::backend::gpu_memory(&self.model.device().inner());
+        if let Some(m) = gpu {
+            self.gpu_peak = Some(self.gpu_peak.unwrap_or(0).max(m.reserved));
+        }
         if let Some(b) = &self.bar {
             let tps = (self.state.tokens - self.clock.tokens_at_start) as f64
                 / self.clock.loop_started.elapsed().as_secs_f64().max(1e-9);
@@ -611,6 +636,10 @@ impl<'a> Trainer<'a> {
             });
             if let Some(scaler) = self.state.loss_scale {
                 line["loss_scale"] = scaler.scale.into();
+            }
+            if let Some(m) = gpu {
+                line["gpu_reserved_bytes"] = m.reserved.into();
+                line["gpu_in_use_bytes"] = m.in_use.into();
             }
             append_metrics(&self.metrics_path, &line)?;
             self.clock.window_tokens = 0;
@@ -848,6 +877,7 @@ impl<'a> Trainer<'a> {
             temperatures: eval.temps,
             final_train_loss: self.state.losses.last().copied(),
             interrupted,
+            gpu_memory_peak_bytes: self.gpu_peak,
         }
     }
 }

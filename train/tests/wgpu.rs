@@ -124,6 +124,17 @@ fn losses(run: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// The `gpu_reserved_bytes` of a run's `train` lines (this process's part of the run).
+fn gpu_reserved(run: &Path) -> Vec<u64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .filter_map(|v| v["gpu_reserved_bytes"].as_u64())
+        .collect()
+}
+
 /// The worst relative L2 difference, over the adapters' tensors, of two runs' final adapters.
 fn adapter_difference(a: &Path, b: &Path) -> f64 {
     let file = |r: &Path| tensors(&r.join("final/adapter/adapter_model.safetensors"));
@@ -271,12 +282,43 @@ fn wgpu_trains_a_lora_run_like_the_cpu() {
     let run = |backend: &str, dtype: &str, name: &str, opts: &TrainOptions| -> PathBuf {
         let out = dir.path().join(name);
         let started = Instant::now();
-        let s = train(&lora_config(dir.path(), backend, dtype), &out, opts).unwrap();
+        let cfg = lora_config(dir.path(), backend, dtype);
+        let s = train(&cfg, &out, opts).unwrap();
         eprintln!(
-            "{name}: {} steps in {:.1} s",
+            "{name}: {} steps in {:.1} s, GPU memory held at most {:?} bytes",
             s.steps,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            s.gpu_memory_peak_bytes
         );
+        // What the GPU runtime held, in the summary and each `train` line: at least the
+        // weights, within the plan's total; nothing on the CPU.
+        let held = gpu_reserved(&out);
+        if backend == "cpu" {
+            assert!(
+                s.gpu_memory_peak_bytes.is_none() && held.is_empty(),
+                "{held:?}"
+            );
+        } else {
+            let arch = decision_train::plan::architecture(&cfg).unwrap();
+            let mut ran = cfg.clone();
+            ran.train.dtype = match dtype {
+                "f16" => Precision::F16,
+                _ => Precision::F32,
+            };
+            let plan = decision_train::plan::plan(&ran, &arch);
+            let peak = s
+                .gpu_memory_peak_bytes
+                .expect("a GPU run reports its memory");
+            assert!(held.contains(&peak), "{peak} not in {held:?}");
+            for h in held {
+                assert!(
+                    h >= plan.weights && h <= plan.total,
+                    "held {h} bytes; the plan: weights {}, total {}",
+                    plan.weights,
+                    plan.total
+                );
+            }
+        }
         out
     };
     let plain = TrainOptions::default();

@@ -116,6 +116,9 @@ pub struct AdapterSummary {
     pub cooperative_matrix: usize,
     /// The largest device-local memory heap, where the runtime reports one (Vulkan does).
     pub memory: Option<u64>,
+    /// The largest single buffer the runtime allocates (the adapter's storage-buffer binding
+    /// limit, or its largest buffer if smaller): every tensor must fit one.
+    pub largest_buffer: Option<u64>,
 }
 
 /// Names of software rasterisers (lowercase), for drivers that do not report device type `Cpu`;
@@ -187,6 +190,9 @@ impl AdapterSummary {
                 bytes as f64 / (1u64 << 30) as f64
             );
         }
+        if let Some(bytes) = self.largest_buffer {
+            kernels += &format!("; buffers up to {}", crate::plan::size(bytes));
+        }
         let mut lines = vec![
             format!("wgpu adapter: {}", self.describe()),
             kernels,
@@ -205,6 +211,7 @@ impl AdapterSummary {
 
     fn from_info(i: &burn::tensor::wgpu::wgpu::AdapterInfo, device: &Device) -> Self {
         let (compiler, cooperative_matrix, memory) = runtime_facts(device);
+        let largest_buffer = largest_buffer(device);
         AdapterSummary {
             name: i.name.clone(),
             device_type: format!("{:?}", i.device_type),
@@ -215,6 +222,7 @@ impl AdapterSummary {
             precisions: supported_precisions(device),
             cooperative_matrix,
             memory,
+            largest_buffer,
         }
     }
 }
@@ -259,6 +267,43 @@ fn runtime_facts(device: &Device) -> (String, usize, Option<u64>) {
         }
         _ => ("none".to_string(), 0, None),
     }
+}
+
+/// What the GPU runtime holds of `device`'s memory now: the bytes it has reserved from the
+/// driver (its pools' pages, kept for reuse, so the most it has needed so far: what the driver
+/// counts against the process, less its own context) and the bytes live tensors use. `None` on
+/// the CPU backend. A round trip to the runtime's device thread; it waits for no kernel.
+pub fn gpu_memory(device: &Device) -> Option<GpuMemory> {
+    match device.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(cube) => {
+            let usage = cube
+                .client()
+                .memory_report(burn::cubecl::MemoryScope::Device)
+                .usage();
+            Some(GpuMemory {
+                reserved: usage.bytes_reserved,
+                in_use: usage.bytes_in_use,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The largest single buffer the GPU runtime allocates on `device`; `None` on the CPU backend.
+pub fn largest_buffer(device: &Device) -> Option<u64> {
+    match device.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(cube) => {
+            Some(cube.client().properties().memory.max_page_size)
+        }
+        _ => None,
+    }
+}
+
+/// [`gpu_memory`]'s answer, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuMemory {
+    pub reserved: u64,
+    pub in_use: u64,
 }
 
 /// The wgpu device and its adapter, brought up once per process (the runtime can be initialised
@@ -529,6 +574,7 @@ mod tests {
             precisions: vec![Precision::F16, Precision::F32],
             cooperative_matrix: 0,
             memory: None,
+            largest_buffer: None,
         }
     }
 
@@ -607,6 +653,12 @@ mod tests {
             a.report()[1],
             "wgpu kernels: MSL compiler; computes bf16, f16, f32; cooperative-matrix (tensor-core) \
              matmul, 6 shapes; 24.00 GiB device memory"
+        );
+        a.largest_buffer = Some(128 << 20);
+        assert!(
+            a.report()[1].ends_with("; 24.00 GiB device memory; buffers up to 128.00 MiB"),
+            "{}",
+            a.report()[1]
         );
         assert_eq!(a.short(), "MSL on \"NVIDIA H200\"");
         // the third line says how this build picks its matmul kernels
