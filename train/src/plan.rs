@@ -181,7 +181,12 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let scores = if cfg.train.backend == Backend::Cpu {
         tokens * (3 * qd + 2 * kvd) * 4 + b * nh * s * 4
     } else {
-        let chunk = crate::recompute::query_chunk(b as usize, nh as usize, s as usize) as u64;
+        let chunk = crate::recompute::query_chunk(
+            b as usize,
+            nh as usize,
+            s as usize,
+            crate::recompute::SCORE_BLOCK,
+        ) as u64;
         3 * b * nh * chunk * s * 4
     };
     // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the

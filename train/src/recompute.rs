@@ -50,9 +50,10 @@ const CAUSAL_BLOCKS: usize = 6;
 const MIN_ROWS: usize = 128;
 
 /// Query rows per attention block for a batch of `b` rows of `s` tokens and `heads` heads: about
-/// `s / CAUSAL_BLOCKS` rows (at least `MIN_ROWS`), and never a block over [`SCORE_BLOCK`].
-pub(crate) fn query_chunk(b: usize, heads: usize, s: usize) -> usize {
-    let budget = SCORE_BLOCK / (b * heads * s).max(1);
+/// `s / CAUSAL_BLOCKS` rows (at least `MIN_ROWS`), and never a block over `max_scores` scores
+/// ([`SCORE_BLOCK`], or what the device's largest buffer holds: `qwen3::score_budget`).
+pub(crate) fn query_chunk(b: usize, heads: usize, s: usize, max_scores: usize) -> usize {
+    let budget = max_scores / (b * heads * s).max(1);
     let causal = s.div_ceil(CAUSAL_BLOCKS).max(MIN_ROWS);
     budget.min(causal).clamp(1, s.max(1))
 }
@@ -82,7 +83,12 @@ pub(crate) fn loss_and_grads(
     let core = if model.device().inner() == Device::flex() && !blocks {
         CoreKind::Tiles
     } else {
-        CoreKind::Blocks(query_chunk(batch.len(), heads, batch.seq_len()))
+        CoreKind::Blocks(query_chunk(
+            batch.len(),
+            heads,
+            batch.seq_len(),
+            crate::model::qwen3::score_budget(&model.device()),
+        ))
     };
     // DECISION_REPLAY=taped keeps the tape where the replay could run by hand, for comparison.
     let taped = std::env::var("DECISION_REPLAY").is_ok_and(|v| v == "taped");
@@ -650,12 +656,12 @@ mod tests {
 
     #[test]
     fn query_chunks_keep_a_block_within_budget() {
-        assert_eq!(query_chunk(1, 32, 2048), 342);
-        assert_eq!(query_chunk(1, 2, 8), 8);
-        assert_eq!(query_chunk(2, 16, 200), 128);
-        assert_eq!(query_chunk(2, 16, 1030), 172);
-        assert_eq!(query_chunk(64, 32, 8192), 4);
-        let c = query_chunk(2, 32, 2048);
+        assert_eq!(query_chunk(1, 32, 2048, SCORE_BLOCK), 342);
+        assert_eq!(query_chunk(1, 2, 8, SCORE_BLOCK), 8);
+        assert_eq!(query_chunk(2, 16, 200, SCORE_BLOCK), 128);
+        assert_eq!(query_chunk(2, 16, 1030, SCORE_BLOCK), 172);
+        assert_eq!(query_chunk(64, 32, 8192, SCORE_BLOCK), 4);
+        let c = query_chunk(2, 32, 2048, SCORE_BLOCK);
         assert!(2 * 32 * c * 2048 <= SCORE_BLOCK && c >= 1);
     }
 }

@@ -233,21 +233,49 @@ impl Attention {
     }
 
     /// The backend's attention of queries `[b, heads, n, d]` over keys and values `[b, kv_heads,
-    /// s, d]` under `mask` `[b, 1, n, s]`.
+    /// s, d]` under `mask` `[b, 1, n, s]`, in blocks of query rows whose scores fit
+    /// [`score_budget`].
     fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, mask: Tensor<4, Bool>) -> Tensor<4> {
+        let budget = score_budget(&q.device());
+        self.core_in_blocks(q, k, v, mask, budget)
+    }
+
+    /// [`Self::core`] with at most `max_scores` attention scores (`b · heads · rows · s`) per
+    /// block of query rows. Without autotuning, Burn's GPU attention materialises the scores
+    /// (its fallback): the 4B model's evaluation at 16 rows of 2048 tokens would ask for one
+    /// 8 GiB buffer, past what a Vulkan driver allocates (4 GiB on NVIDIA's) and past the plan.
+    pub(crate) fn core_in_blocks(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask: Tensor<4, Bool>,
+        max_scores: usize,
+    ) -> Tensor<4> {
         let groups = self.num_heads / self.num_kv_heads;
-        attention(
-            q,
-            repeat_kv(k, groups),
-            repeat_kv(v, groups),
-            Some(mask),
-            None,
-            AttentionModuleOptions {
-                scale: Some(self.scale()),
-                softcap: None,
-                is_causal: false,
-            },
-        )
+        let (k, v) = (repeat_kv(k, groups), repeat_kv(v, groups));
+        let [b, h, n, _] = q.dims();
+        let s = k.dims()[2];
+        let rows = (max_scores / (b * h * s).max(1)).clamp(1, n.max(1));
+        let options = AttentionModuleOptions {
+            scale: Some(self.scale()),
+            softcap: None,
+            is_causal: false,
+        };
+        let block = |q: Tensor<4>, mask: Tensor<4, Bool>| {
+            attention(q, k.clone(), v.clone(), Some(mask), None, options)
+        };
+        if rows >= n {
+            return block(q, mask);
+        }
+        let blocks = (0..n)
+            .step_by(rows)
+            .map(|r0| {
+                let r = rows.min(n - r0);
+                block(q.clone().narrow(2, r0, r), mask.clone().narrow(2, r0, r))
+            })
+            .collect();
+        Tensor::cat(blocks, 2)
     }
 
     /// Queries `[b, heads, s, d]`, keys and values `[b, kv_heads, s, d]`: projected, normed
@@ -820,6 +848,14 @@ pub fn init_random(config: &Qwen3Config, std: f64, device: &Device) -> Qwen3 {
     }
 }
 
+/// Attention scores per block of query rows on `device`: [`crate::recompute::SCORE_BLOCK`], or
+/// fewer where the device's largest buffer holds fewer f32 values (llvmpipe's OpenGL: 32 Mi).
+pub(crate) fn score_budget(device: &Device) -> usize {
+    let limit = crate::model::backend::largest_buffer(&device.clone().inner())
+        .map_or(usize::MAX, |bytes| (bytes / 4) as usize);
+    crate::recompute::SCORE_BLOCK.min(limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -832,5 +868,56 @@ mod tests {
         assert_eq!(batch.input_ids, vec![vec![5, 6, 7], vec![0, 0, 9]]);
         assert_eq!(batch.attention_mask, vec![vec![1, 1, 1], vec![0, 0, 1]]);
         assert_eq!(batch.position_ids(), vec![vec![0, 1, 2], vec![0, 0, 0]]);
+    }
+
+    /// The attention core in blocks of query rows (what keeps Burn's GPU attention within a
+    /// buffer) gives the whole core's output, whatever the block: one row, rows that do not
+    /// divide the sequence, or all of them.
+    #[test]
+    fn attention_in_blocks_of_query_rows_equals_the_whole() {
+        let config = Qwen3Config::from_json(&serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": false, "max_position_embeddings": 64
+        }))
+        .unwrap();
+        let device = Device::flex();
+        let _rng = crate::trainer_tests::device_rng();
+        let model = init_random(&config, 0.5, &device);
+        let attn = &model.model.layers[0].self_attn;
+        let a: &[u32] = &[3, 7, 1, 9, 4, 2, 11];
+        let b: &[u32] = &[5, 8, 6];
+        let batch = Batch::left_padded(&[a, b], 0);
+        let inputs = LayerInputs::new(&batch, 8, 10000.0, &device);
+        let x = Tensor::<3>::random(
+            [2, 7, 16],
+            burn::tensor::Distribution::Normal(0.0, 1.0),
+            &device,
+        );
+        let (q, k, v) = attn.qkv(x, &inputs, None);
+        let run = |max_scores: usize| {
+            attn.core_in_blocks(
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                inputs.mask.clone(),
+                max_scores,
+            )
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+        };
+        // b · heads · s = 56 scores per query row
+        let whole = run(usize::MAX);
+        for rows in [1, 2, 3, 6, 7] {
+            let got = run(56 * rows);
+            let worst = whole
+                .iter()
+                .zip(&got)
+                .map(|(w, g)| (w - g).abs())
+                .fold(0.0, f32::max);
+            assert!(worst <= 1e-6, "{rows} rows per block: off by {worst}");
+        }
     }
 }
