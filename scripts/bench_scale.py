@@ -158,6 +158,21 @@ def ran_dtype(run_dir, asked):
     return json.load(open(states[-1])).get("dtype", asked) if states else asked
 
 
+def rust_gpu_reserved_mib(run_dir):
+    """The most device memory Burn's GPU runtime held at a logged step (metrics.jsonl's
+    gpu_reserved_bytes), MiB; None on the CPU or before a step."""
+    path = run_dir / "metrics.jsonl"
+    held = []
+    for line in open(path) if path.exists() else []:
+        try:
+            m = json.loads(line)
+        except ValueError:  # the line a killed run was writing
+            continue
+        if m.get("kind") == "train" and "gpu_reserved_bytes" in m:
+            held.append(m["gpu_reserved_bytes"] / 2**20)
+    return max(held) if held else None
+
+
 def rust_steps(run_dir):
     """Tokens/s of each training step our run logged (metrics.jsonl), in order."""
     path = run_dir / "metrics.jsonl"
@@ -495,7 +510,8 @@ def main():
                     r = {"ours_tokens_per_s": statistics.median(steps[1:]), "ours_steps_tokens_per_s": steps,
                          "ours_peak_rss_mib": rss, "ours_wall_s": secs, "ours_plan_gib": plan,
                          "ours_dtype": ran_dtype(run_dir, dtype), "ours_backend": args.backend,
-                         "ours_peak_device_mib": dev_mib}
+                         "ours_peak_device_mib": dev_mib,
+                         "ours_runtime_reserved_mib": rust_gpu_reserved_mib(run_dir)}
                     if secs is None:
                         r["ours_note"] = f"killed after {timeout:.0f} s (its deadline), {len(steps)} steps logged"
                     return r

@@ -54,6 +54,12 @@ pub struct MemoryPlan {
     /// The end of a run besides the weights: one projection's merge at a time (LoRA), the
     /// trainable state, and the largest tensor's host copies while `final/` is saved.
     pub finish: u64,
+    /// On a GPU, an evaluation's working memory (`[eval] batch_size` rows, no tape) beside the
+    /// trainable state; 0 on the CPU, whose evaluation the measured runs found within the other
+    /// phases.
+    pub evaluation: u64,
+    /// The rows of one evaluation batch the plan counts.
+    pub eval_rows: usize,
     pub total: u64,
     /// The largest single tensor the run allocates, and what it is: on a GPU each tensor is one
     /// buffer, and an adapter caps a buffer's size ([`MemoryPlan::check_buffers`]).
@@ -247,6 +253,22 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // largest tensor and its bytes.
     let finish = merged + trainable_state + largest * (4 + w);
     let largest_buffer = largest_buffer(cfg, arch, b, w, tokens_train);
+    // Evaluation on a GPU (every `eval_every` steps and at the end), untaped, `[eval]
+    // batch_size` rows at a time (no more than `max_states`): per token the layer's input, its
+    // norm and the residual, and three intermediate-sized MLP products alive at once (f32), and
+    // the attention core's blocks of scores (`Attention::core`: three of at most SCORE_BLOCK).
+    let eval_rows = match cfg.eval.max_states {
+        0 => cfg.eval.batch_size,
+        m => cfg.eval.batch_size.min(m),
+    }
+    .max(1);
+    let evaluation = if cfg.train.backend == Backend::Cpu {
+        0
+    } else {
+        let rows = eval_rows as u64;
+        let scores = (crate::recompute::SCORE_BLOCK as u64).min(rows * nh * s * s);
+        rows * s * (3 * h + 3 * i) * 4 + 3 * scores * 4
+    };
     MemoryPlan {
         seq: s as usize,
         batch: cfg.train.batch_size,
@@ -261,7 +283,9 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         keep_attention: true,
         recompute: cfg.train.recompute,
         finish,
-        total: RUNTIME + weights + (trainable_state + act).max(finish),
+        evaluation,
+        eval_rows,
+        total: RUNTIME + weights + (trainable_state + act.max(evaluation)).max(finish),
         largest_buffer,
     }
 }
@@ -344,7 +368,8 @@ impl MemoryPlan {
             self.activations_recompute -= self.attention_kept;
             self.total = RUNTIME
                 + self.weights
-                + (self.trainable_state + self.activations_recompute).max(self.finish);
+                + (self.trainable_state + self.activations_recompute.max(self.evaluation))
+                    .max(self.finish);
             self.keep_attention = false;
         }
         self
@@ -448,6 +473,13 @@ impl MemoryPlan {
             &format!("activations without recompute{off}"),
             self.activations_taped,
         );
+        if self.evaluation > 0 {
+            row(
+                &mut o,
+                &format!("evaluation ({} rows, no tape), instead", self.eval_rows),
+                self.evaluation,
+            );
+        }
         row(&mut o, "runtime", RUNTIME);
         row(&mut o, "at the end: merge and save, instead", self.finish);
         row(
@@ -487,11 +519,18 @@ impl MemoryPlan {
                 if c.train.mode == Mode::Lora {
                     c.train.dtype = dtype;
                 }
-                let p = plan(&c, arch).fitted(dev);
+                let mut p = plan(&c, arch).fitted(dev);
+                // An evaluation batch larger than the training one may be what does not fit.
+                let mut eval = String::new();
+                if p.total > dev.bytes / 10 * 9 && p.evaluation > 0 && c.eval.batch_size > bs {
+                    c.eval.batch_size = bs;
+                    p = plan(&c, arch).fitted(dev);
+                    eval = format!(" --set eval.batch_size={bs}");
+                }
                 // Suggest only what leaves a tenth of the device free: a plan is an estimate.
                 if p.total <= dev.bytes / 10 * 9 {
                     fits.push(format!(
-                        "--set train.batch_size={bs} --set optim.grad_accum={} --set train.recompute=true{} ({})",
+                        "--set train.batch_size={bs} --set optim.grad_accum={} --set train.recompute=true{}{eval} ({})",
                         c.optim.grad_accum,
                         if c.train.mode == Mode::Lora && dtype != Precision::F32 {
                             format!(" --set train.dtype={dtype}")
@@ -810,5 +849,58 @@ mod tests {
             .check_buffers(&taped, 2 << 30, "a GPU", &both)
             .unwrap_err();
         assert!(format!("{e}").contains("train.batch_size (now 8"), "{e}");
+    }
+
+    /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own: the untaped layer's f32 tensors and three blocks of scores, beside the trainable
+    /// state. Where it is what does not fit, the advice lowers `eval.batch_size` too.
+    #[test]
+    fn a_gpu_plan_counts_the_evaluation_batch() {
+        let text = include_str!("../../configs/qwen3-4b-lora.toml");
+        let arch = Qwen3Config::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../configs/shapes/qwen3-4b.json"),
+        )
+        .unwrap();
+        let at = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            let cfg = RunConfig::parse(text, &sets).unwrap();
+            let p = plan(&cfg, &arch);
+            (cfg, p)
+        };
+        let (gpu, p) = at(&["train.dtype=f16", "eval.batch_size=16"]);
+        let scores = 3 * (crate::recompute::SCORE_BLOCK as u64) * 4;
+        assert_eq!(p.eval_rows, 16);
+        assert_eq!(p.evaluation, 16 * 2048 * (3 * 2560 + 3 * 9728) * 4 + scores);
+        assert!(p.evaluation > p.activations_recompute);
+        assert_eq!(
+            p.total,
+            RUNTIME + p.weights + p.trainable_state + p.evaluation
+        );
+        assert!(
+            p.render(&gpu, None)
+                .contains("evaluation (16 rows, no tape), instead")
+        );
+        // at most max_states rows
+        let (_, few) = at(&["train.dtype=f16", "eval.batch_size=16", "eval.max_states=4"]);
+        assert_eq!(few.eval_rows, 4);
+        // the CPU's evaluation is not a phase of the plan
+        let (_, cpu) = at(&["train.dtype=bf16", "train.backend=cpu"]);
+        assert_eq!(cpu.evaluation, 0);
+        // a device that holds the training steps but not that evaluation: the advice (a tenth
+        // of the device left free) takes one row, for both
+        assert!(p.total - p.evaluation + p.activations_recompute < p.total - (1 << 20));
+        let dev = DeviceMemory {
+            bytes: p.total - (1 << 20),
+            what: "a test GPU".into(),
+            narrowest: Precision::F16,
+        };
+        let e = p.check(&gpu, &arch, &dev).unwrap_err();
+        assert!(
+            format!("{e}").contains(
+                "--set train.batch_size=1 --set optim.grad_accum=32 --set train.recompute=true \
+                 --set train.dtype=f16 --set eval.batch_size=1"
+            ),
+            "{e}"
+        );
     }
 }

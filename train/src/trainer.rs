@@ -101,7 +101,7 @@ pub struct TrainSummary {
     pub final_train_loss: Option<f32>,
     /// True when the run stopped early (`stop_after`) and `final/` was not written.
     pub interrupted: bool,
-    /// On a GPU: the most device memory the runtime held at the end of a step (its pools'
+    /// On a GPU: the most device memory the runtime held after a step or an evaluation (its pools'
     /// reserved pages) in this process's part of the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_peak_bytes: Option<u64>,
@@ -336,7 +336,7 @@ struct Trainer<'a> {
     metrics_path: PathBuf,
     bar: Option<indicatif::ProgressBar>,
     clock: Clock,
-    /// On a GPU, the most device memory the runtime has held at the end of a step so far.
+    /// On a GPU, the most device memory the runtime has held after a step or an evaluation.
     gpu_peak: Option<u64>,
 }
 
@@ -613,10 +613,7 @@ impl<'a> Trainer<'a> {
     /// `metrics.jsonl`.
     fn log_step(&mut self, s: &StepStats) -> Result<()> {
         let step = self.state.step;
-        let gpu = crate::model::backend::gpu_memory(&self.model.device().inner());
-        if let Some(m) = gpu {
-            self.gpu_peak = Some(self.gpu_peak.unwrap_or(0).max(m.reserved));
-        }
+        let gpu = self.sample_gpu_memory();
         if let Some(b) = &self.bar {
             let tps = (self.state.tokens - self.clock.tokens_at_start) as f64
                 / self.clock.loop_started.elapsed().as_secs_f64().max(1e-9);
@@ -648,6 +645,13 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
+    /// What the GPU runtime holds now (`None` on the CPU), kept in the run's peak.
+    fn sample_gpu_memory(&mut self) -> Option<crate::model::backend::GpuMemory> {
+        let m = crate::model::backend::gpu_memory(&self.model.device().inner())?;
+        self.gpu_peak = Some(self.gpu_peak.unwrap_or(0).max(m.reserved));
+        Some(m)
+    }
+
     /// Every `eval_every` steps, except at the end (the final evaluation covers that).
     fn eval_due(&self) -> bool {
         let every = self.cfg.train.eval_every;
@@ -656,7 +660,7 @@ impl<'a> Trainer<'a> {
 
     /// Score the validation states (the first `[eval] max_states`) at T = 1: an `eval` line in
     /// `metrics.jsonl`.
-    fn evaluate(&self) -> Result<()> {
+    fn evaluate(&mut self) -> Result<()> {
         let eval_model = DecisionModel {
             model: self.model.valid(),
             ..clone_shell(&self.dm)
@@ -669,6 +673,7 @@ impl<'a> Trainer<'a> {
         let scored = crate::eval::score_states(&eval_model, states, self.cfg.eval.batch_size)?;
         let r = Report::new(&scored, &|_| 1.0);
         let vloss = crate::eval::mean_loss(&scored, states, self.weights);
+        self.sample_gpu_memory();
         let line = serde_json::json!({
             "kind": "eval", "step": self.state.step, "split": "valid", "n": r.overall.n,
             "accuracy": r.overall.accuracy, "nll": r.overall.nll, "brier": r.overall.brier,
@@ -761,6 +766,7 @@ impl<'a> Trainer<'a> {
             ..clone_shell(&self.dm)
         };
         let (eval, scored) = self.final_eval(&fin)?;
+        self.sample_gpu_memory();
         eval.temps.record_in(&mut fin.spec);
         for w in eval.temps.warnings() {
             eprintln!("warning: {w}");
