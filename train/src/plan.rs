@@ -851,8 +851,9 @@ mod tests {
         assert!(format!("{e}").contains("train.batch_size (now 8"), "{e}");
     }
 
-    /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own: the untaped layer's f32 tensors and three blocks of scores, beside the trainable
-    /// state. Where it is what does not fit, the advice lowers `eval.batch_size` too.
+    /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own:
+    /// the untaped layer's f32 tensors and three blocks of scores, beside the trainable state.
+    /// Where it is what does not fit, the advice lowers `eval.batch_size` too.
     #[test]
     fn a_gpu_plan_counts_the_evaluation_batch() {
         let text = include_str!("../../configs/qwen3-4b-lora.toml");

@@ -663,5 +663,10 @@ mod tests {
         assert_eq!(query_chunk(64, 32, 8192, SCORE_BLOCK), 4);
         let c = query_chunk(2, 32, 2048, SCORE_BLOCK);
         assert!(2 * 32 * c * 2048 <= SCORE_BLOCK && c >= 1);
+        // a device whose largest buffer holds 32 Mi f32 values (llvmpipe's OpenGL): blocks that
+        // the budget bounds halve, and the causal cap stays where it was the smaller
+        assert_eq!(query_chunk(64, 32, 8192, 1 << 25), 2);
+        assert_eq!(query_chunk(2, 32, 2048, 1 << 25), 256);
+        assert_eq!(query_chunk(1, 32, 2048, 1 << 25), 342);
     }
 }

@@ -101,8 +101,8 @@ pub struct TrainSummary {
     pub final_train_loss: Option<f32>,
     /// True when the run stopped early (`stop_after`) and `final/` was not written.
     pub interrupted: bool,
-    /// On a GPU: the most device memory the runtime held after a step or an evaluation (its pools'
-    /// reserved pages) in this process's part of the run.
+    /// On a GPU: the most device memory the runtime held after a step or an evaluation (its
+    /// pools' reserved pages) in this process's part of the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_peak_bytes: Option<u64>,
 }
