@@ -367,3 +367,51 @@ fn wgpu_trains_a_lora_run_like_the_cpu() {
         assert!(diff <= adapter_tol, "{dtype}: adapters differ by {diff:e}");
     }
 }
+
+/// A model whose largest weight is larger than the largest buffer the adapter allocates (each
+/// tensor is one buffer on a GPU) is refused before any weight is read, naming the weight and the
+/// cap, where loading it would fail as if memory had run out. The model here is the tiny base's
+/// config with a 300 000-row vocabulary (its f32 embedding 146.48 MiB: past llvmpipe's OpenGL
+/// cap of 128 MiB, within a GPU driver's) and no weights at all: on an adapter that can hold it,
+/// the load fails later, on the missing weights.
+#[test]
+fn wgpu_refuses_a_weight_larger_than_its_largest_buffer_before_reading_any() {
+    let test = "wgpu_refuses_a_weight_larger_than_its_largest_buffer_before_reading_any";
+    if gpu(test).is_none() {
+        return;
+    }
+    let adapter = decision_train::model::backend::wgpu_adapter().unwrap();
+    let limit = adapter
+        .largest_buffer
+        .expect("a GPU adapter states its largest buffer");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-base");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["tokenizer.json", "decision.json"] {
+        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(base.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = 300_000.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let opts = LoadOptions {
+        backend: Backend::Wgpu,
+        precision: Precision::F32,
+        hub: None,
+    };
+    let err = match DecisionModel::load(dir.path().to_str().unwrap(), &opts) {
+        Ok(_) => panic!("a model folder without weights loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    let embedding = 300_000 * 128 * 4;
+    if embedding > limit {
+        assert!(
+            err.contains(
+                "the weight model.embed_tokens.weight [300000, 128] takes 146.48 MiB in F32"
+            ) && err.contains("more than the largest buffer")
+                && err.contains("--backend cpu"),
+            "{err}"
+        );
+    } else {
+        assert!(!err.contains("largest buffer"), "{err}");
+    }
+}

@@ -27,6 +27,32 @@ pub struct LoadOptions {
     pub hub: Option<HubEnv>,
 }
 
+/// Refuse, before any weight is read, a model whose largest weight in `dtype` is larger than the
+/// largest buffer (`limit`) the GPU allocates: there each tensor is one buffer, and the load
+/// would fail as if memory had run out.
+fn weights_fit_buffers(config: &Qwen3Config, dtype: DType, limit: u64, origin: &str) -> Result<()> {
+    let (name, shape) = weights::expected_tensors(config)
+        .into_iter()
+        .max_by_key(|(_, shape)| shape.iter().product::<usize>())
+        .unwrap_or_default();
+    let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
+    if bytes <= limit {
+        return Ok(());
+    }
+    let half = if dtype == DType::F32 && bytes / 2 <= limit {
+        " (a 16-bit --dtype, where the device computes one, halves it)"
+    } else {
+        ""
+    };
+    bail!(
+        "{origin}: the weight {name} {shape:?} takes {} in {dtype:?}, more than the largest \
+         buffer {} allocates ({}){half}; --backend cpu runs it",
+        crate::plan::size(bytes),
+        crate::trainer::adapter_name(),
+        crate::plan::size(limit)
+    )
+}
+
 /// A decision model: architecture, weights on a device, tokenizer, prompt and temperatures.
 pub struct DecisionModel {
     pub config: Qwen3Config,
@@ -102,11 +128,14 @@ impl DecisionModel {
         } else {
             None
         };
-        let files = weights::weight_files(dir)?;
         let device = backend::device(opts.backend)?;
         let dtype = backend::resolve_precision(&device, opts.backend, opts.precision)?
             .dtype()
             .expect("a resolved precision names a dtype");
+        if let Some(limit) = backend::largest_buffer(&device) {
+            weights_fit_buffers(&config, dtype, limit, &md.origin)?;
+        }
+        let files = weights::weight_files(dir)?;
         let model = weights::load_model(&config, &files, &md.origin, &device, dtype)?;
         Self::from_parts(config, model, tokenizer, spec, &md.origin)
     }
