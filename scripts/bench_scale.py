@@ -568,6 +568,10 @@ def main():
         print(f"{w:<12} {r['ours_dtype']:>5} {r['ours_tokens_per_s']:>10.1f} {r['torch_tokens_per_s']:>11.1f} "
               f"{r['tokens_per_s_ratio']:>6.2f} {r['ours_gflops']:>9.1f} {r['torch_gflops']:>10.1f} "
               f"{ours_mib:>9.0f} {torch_mib:>10.0f} {ours_mib / torch_mib:>6.2f} {r['ours_plan_gib'] * 1024:>9.0f}")
+    for w, r in results.items():
+        if r.get("ours_runtime_reserved_mib") is not None:
+            print(f"{w}: ours as Burn's GPU runtime reports it, most reserved at a step: "
+                  f"{r['ours_runtime_reserved_mib']:.0f} MiB (nvidia-smi adds the driver's context)")
     if any("forward_ratio" in r for r in results.values()):
         print("forward (decision score against the peer's forward pass, same token ids and batches)")
         print(f"{'micro-batch':<12} {'dtype':>5} {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} {'ours GF/s':>9} "

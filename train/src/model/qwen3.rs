@@ -243,7 +243,8 @@ impl Attention {
     /// [`Self::core`] with at most `max_scores` attention scores (`b · heads · rows · s`) per
     /// block of query rows. Without autotuning, Burn's GPU attention materialises the scores
     /// (its fallback): the 4B model's evaluation at 16 rows of 2048 tokens would ask for one
-    /// 8 GiB buffer, past what a Vulkan driver allocates (4 GiB on NVIDIA's) and past the plan.
+    /// 8 GiB buffer (past the 4 GiB storage-buffer range Vulkan drivers commonly state, unless
+    /// cubecl takes 64-bit indexing) and three such tensors, far past the plan.
     pub(crate) fn core_in_blocks(
         &self,
         q: Tensor<4>,
