@@ -715,6 +715,24 @@ mod tests {
         RunConfig::parse(text, &sets).unwrap()
     }
 
+    /// configs/shapes/qwen3-4b.json.
+    fn four_b_arch() -> Qwen3Config {
+        Qwen3Config::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../configs/shapes/qwen3-4b.json"),
+        )
+        .unwrap()
+    }
+
+    /// configs/qwen3-4b-lora.toml with `sets`, and its plan.
+    fn four_b(sets: &[&str]) -> (RunConfig, MemoryPlan) {
+        let text = include_str!("../../configs/qwen3-4b-lora.toml");
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let cfg = RunConfig::parse(text, &sets).unwrap();
+        let p = plan(&cfg, &four_b_arch());
+        (cfg, p)
+    }
+
     /// Shards run one per thread: the plan holds the rows of the shards alive at once, so four
     /// shards of 32 rows on two threads plan 16 rows of activations, not 32.
     #[test]
@@ -737,16 +755,9 @@ mod tests {
             "train.backend=cpu",
             "train.dtype=bf16",
             "train.batch_size=2",
-        ]
-        .map(String::from);
-        let text = include_str!("../../configs/qwen3-4b-lora.toml");
-        let cfg = RunConfig::parse(text, &sets).unwrap();
-        let arch = Qwen3Config::from_file(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../configs/shapes/qwen3-4b.json"),
-        )
-        .unwrap();
-        let full = plan(&cfg, &arch);
+        ];
+        let (cfg, full) = four_b(&sets);
+        let arch = four_b_arch();
         // output (2560 columns) and row sums (32 heads) in f32, 4096 tokens, 36 layers
         assert_eq!(full.attention_kept, 4096 * 36 * (4096 + 32) * 4);
         assert!(full.keep_attention && full.total > full.attention_kept + (10 << 30));
@@ -781,13 +792,9 @@ mod tests {
                 .is_err()
         );
         // without recompute nothing is kept, and nothing is dropped
-        let taped = RunConfig::parse(
-            text,
-            &[&sets[..], &["train.recompute=false".to_string()]].concat(),
-        )
-        .unwrap();
+        let (taped, whole) = four_b(&[&sets[..], &["train.recompute=false"]].concat());
         let p = plan(&taped, &arch).fitted(&tight);
-        assert!(p.keep_attention && p.total == plan(&taped, &arch).total);
+        assert!(p.keep_attention && p.total == whole.total);
     }
 
     /// The largest tensor against an adapter's largest buffer: the 4B job's is its embedding
@@ -796,28 +803,13 @@ mod tests {
     /// asks for a smaller batch instead.
     #[test]
     fn a_tensor_over_the_adapters_largest_buffer_is_refused_with_what_to_change() {
-        let text = include_str!("../../configs/qwen3-4b-lora.toml");
-        let arch = Qwen3Config::from_file(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../configs/shapes/qwen3-4b.json"),
-        )
-        .unwrap();
-        let at = |sets: &[&str]| {
-            let cfg = RunConfig::parse(
-                text,
-                &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-            )
-            .unwrap();
-            let p = plan(&cfg, &arch);
-            (cfg, p)
-        };
         let both = [Precision::F16, Precision::F32];
-        let (f16, p16) = at(&["train.dtype=f16"]);
+        let (f16, p16) = four_b(&["train.dtype=f16"]);
         let embedding = 151936 * 2560;
         assert_eq!(p16.largest_buffer.0, embedding * 2);
         assert!(p16.largest_buffer.1.contains("model.embed_tokens.weight"));
         assert!(p16.check_buffers(&f16, 1 << 30, "a GPU", &both).is_ok());
-        let (f32, p32) = at(&["train.dtype=f32"]);
+        let (f32, p32) = four_b(&["train.dtype=f32"]);
         assert_eq!(p32.largest_buffer.0, embedding * 4);
         let e = p32
             .check_buffers(&f32, 1 << 30, "a GPU", &both)
@@ -839,7 +831,7 @@ mod tests {
             "{e}"
         );
         // without recompute, one layer's scores [8, 32, 2048, 2048] in f32 (4 GiB) come first
-        let (taped, pt) = at(&[
+        let (taped, pt) = four_b(&[
             "train.dtype=f16",
             "train.recompute=false",
             "train.batch_size=8",
@@ -856,19 +848,8 @@ mod tests {
     /// Where it is what does not fit, the advice lowers `eval.batch_size` too.
     #[test]
     fn a_gpu_plan_counts_the_evaluation_batch() {
-        let text = include_str!("../../configs/qwen3-4b-lora.toml");
-        let arch = Qwen3Config::from_file(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../configs/shapes/qwen3-4b.json"),
-        )
-        .unwrap();
-        let at = |sets: &[&str]| {
-            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-            let cfg = RunConfig::parse(text, &sets).unwrap();
-            let p = plan(&cfg, &arch);
-            (cfg, p)
-        };
-        let (gpu, p) = at(&["train.dtype=f16", "eval.batch_size=16"]);
+        let arch = four_b_arch();
+        let (gpu, p) = four_b(&["train.dtype=f16", "eval.batch_size=16"]);
         let scores = 3 * (crate::recompute::SCORE_BLOCK as u64) * 4;
         assert_eq!(p.eval_rows, 16);
         assert_eq!(p.evaluation, 16 * 2048 * (3 * 2560 + 3 * 9728) * 4 + scores);
@@ -882,10 +863,10 @@ mod tests {
                 .contains("evaluation (16 rows, no tape), instead")
         );
         // at most max_states rows
-        let (_, few) = at(&["train.dtype=f16", "eval.batch_size=16", "eval.max_states=4"]);
+        let (_, few) = four_b(&["train.dtype=f16", "eval.batch_size=16", "eval.max_states=4"]);
         assert_eq!(few.eval_rows, 4);
         // the CPU's evaluation is not a phase of the plan
-        let (_, cpu) = at(&["train.dtype=bf16", "train.backend=cpu"]);
+        let (_, cpu) = four_b(&["train.dtype=bf16", "train.backend=cpu"]);
         assert_eq!(cpu.evaluation, 0);
         // a device that holds the training steps but not that evaluation: the advice (a tenth
         // of the device left free) takes one row, for both

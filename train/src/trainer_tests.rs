@@ -18,7 +18,8 @@ use crate::optim::{AdamW, AdamWSettings};
 use crate::run_config::RunConfig;
 use crate::trainer::{TrainOptions, train};
 
-fn tiny_config(vocab: usize) -> Qwen3Config {
+/// A two-layer Qwen3 of width 16 (4 query heads, 2 key/value heads of 8) with `vocab` tokens.
+pub(crate) fn tiny_config(vocab: usize) -> Qwen3Config {
     Qwen3Config::from_json(&serde_json::json!({
         "model_type": "qwen3", "vocab_size": vocab, "hidden_size": 16, "intermediate_size": 24,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,

@@ -876,13 +876,7 @@ mod tests {
     /// divide the sequence, or all of them.
     #[test]
     fn attention_in_blocks_of_query_rows_equals_the_whole() {
-        let config = Qwen3Config::from_json(&serde_json::json!({
-            "model_type": "qwen3", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 24,
-            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-            "tie_word_embeddings": false, "max_position_embeddings": 64
-        }))
-        .unwrap();
+        let config = crate::trainer_tests::tiny_config(16);
         let device = Device::flex();
         let _rng = crate::trainer_tests::device_rng();
         let model = init_random(&config, 0.5, &device);
