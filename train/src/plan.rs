@@ -54,12 +54,13 @@ pub struct MemoryPlan {
     /// The end of a run besides the weights: one projection's merge at a time (LoRA), the
     /// trainable state, and the largest tensor's host copies while `final/` is saved.
     pub finish: u64,
-    /// On a GPU, an evaluation's working memory (`[eval] batch_size` rows, no tape) beside the
-    /// trainable state; 0 on the CPU, whose evaluation the measured runs found within the other
-    /// phases.
+    /// An evaluation's working memory beside the trainable state: `eval_alive` batches of
+    /// `[eval] batch_size` rows, no tape.
     pub evaluation: u64,
     /// The rows of one evaluation batch the plan counts.
     pub eval_rows: usize,
+    /// Evaluation batches alive at once: one per thread on the CPU, one on a GPU.
+    pub eval_alive: usize,
     pub total: u64,
     /// The largest single tensor the run allocates, and what it is: on a GPU each tensor is one
     /// buffer, and an adapter caps a buffer's size ([`MemoryPlan::check_buffers`]).
@@ -253,21 +254,30 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // largest tensor and its bytes.
     let finish = merged + trainable_state + largest * (4 + w);
     let largest_buffer = largest_buffer(cfg, arch, b, w, tokens_train);
-    // Evaluation on a GPU (every `eval_every` steps and at the end), untaped, `[eval]
-    // batch_size` rows at a time (no more than `max_states`): per token the layer's input, its
-    // norm and the residual, and three intermediate-sized MLP products alive at once (f32), and
-    // the attention core's blocks of scores (`Attention::core`: three of at most SCORE_BLOCK).
+    // Evaluation (every `eval_every` steps and at the end), untaped, `[eval] batch_size` rows
+    // at a time (no more than `max_states`): per token, at the MLP, the layer's input, its norm
+    // and the residual, three intermediate-sized products alive at once (f32), and a 16-bit
+    // base's copies of the two products' inputs in its dtype. On the CPU a batch per thread runs
+    // side by side (`crate::model::score::logits_in_batches`), its attention in small tiles; on
+    // a GPU one batch at a time, with the attention core's blocks of scores (`Attention::core`:
+    // three of at most SCORE_BLOCK).
     let eval_rows = match cfg.eval.max_states {
         0 => cfg.eval.batch_size,
         m => cfg.eval.batch_size.min(m),
     }
     .max(1);
-    let evaluation = if cfg.train.backend == Backend::Cpu {
-        0
+    let rows = eval_rows as u64;
+    let eval_layer = rows * s * ((3 * h + 3 * i) * 4 + cast(h + i));
+    let (eval_alive, evaluation) = if cfg.train.backend == Backend::Cpu {
+        let batches = match cfg.eval.max_states {
+            0 => u64::MAX,
+            m => (m as u64).div_ceil(rows),
+        };
+        let alive = (rayon::current_num_threads().max(1) as u64).min(batches);
+        (alive, alive * eval_layer)
     } else {
-        let rows = eval_rows as u64;
         let scores = (crate::recompute::SCORE_BLOCK as u64).min(rows * nh * s * s);
-        rows * s * (3 * h + 3 * i) * 4 + 3 * scores * 4
+        (1, eval_layer + 3 * scores * 4)
     };
     MemoryPlan {
         seq: s as usize,
@@ -285,6 +295,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         finish,
         evaluation,
         eval_rows,
+        eval_alive: eval_alive as usize,
         total: RUNTIME + weights + (trainable_state + act.max(evaluation)).max(finish),
         largest_buffer,
     }
@@ -476,7 +487,14 @@ impl MemoryPlan {
         if self.evaluation > 0 {
             row(
                 &mut o,
-                &format!("evaluation ({} rows, no tape), instead", self.eval_rows),
+                &if self.eval_alive > 1 {
+                    format!(
+                        "evaluation ({} x {} rows, no tape), instead",
+                        self.eval_alive, self.eval_rows
+                    )
+                } else {
+                    format!("evaluation ({} rows, no tape), instead", self.eval_rows)
+                },
                 self.evaluation,
             );
         }
@@ -852,7 +870,11 @@ mod tests {
         let (gpu, p) = four_b(&["train.dtype=f16", "eval.batch_size=16"]);
         let scores = 3 * (crate::recompute::SCORE_BLOCK as u64) * 4;
         assert_eq!(p.eval_rows, 16);
-        assert_eq!(p.evaluation, 16 * 2048 * (3 * 2560 + 3 * 9728) * 4 + scores);
+        // per token: three hidden-sized and three intermediate-sized f32 tensors, and the f16
+        // copies of the two MLP products' inputs
+        let per_token = (3 * 2560 + 3 * 9728) * 4 + (2560 + 9728) * 2;
+        assert_eq!(p.evaluation, 16 * 2048 * per_token + scores);
+        assert_eq!(p.eval_alive, 1);
         assert!(p.evaluation > p.activations_recompute);
         assert_eq!(
             p.total,
@@ -865,11 +887,22 @@ mod tests {
         // at most max_states rows
         let (_, few) = four_b(&["train.dtype=f16", "eval.batch_size=16", "eval.max_states=4"]);
         assert_eq!(few.eval_rows, 4);
-        // the CPU's evaluation is not a phase of the plan
-        let (_, cpu) = four_b(&["train.dtype=bf16", "train.backend=cpu"]);
-        assert_eq!(cpu.evaluation, 0);
+        // on the CPU a batch per thread runs side by side, with no blocks of scores; no more
+        // batches than `max_states` makes
+        let threads = rayon::current_num_threads() as u64;
+        let (cpu_cfg, cpu) = four_b(&["train.dtype=bf16", "train.backend=cpu"]);
+        assert_eq!(cpu.eval_rows, 4);
+        assert_eq!(cpu.eval_alive as u64, threads);
+        assert_eq!(cpu.evaluation, threads * 4 * 2048 * per_token);
+        let (_, two) = four_b(&["train.backend=cpu", "eval.max_states=5"]);
+        assert_eq!(two.eval_alive as u64, threads.min(2));
+        if threads > 1 {
+            assert!(cpu.render(&cpu_cfg, None).contains(&format!(
+                "evaluation ({threads} x 4 rows, no tape), instead"
+            )));
+        }
         // a device that holds the training steps but not that evaluation: the advice (a tenth
-        // of the device left free) takes one row, for both
+        // of the device left free) keeps the training batch and evaluates as many rows
         assert!(p.total - p.evaluation + p.activations_recompute < p.total - (1 << 20));
         let dev = DeviceMemory {
             bytes: p.total - (1 << 20),
@@ -879,8 +912,8 @@ mod tests {
         let e = p.check(&gpu, &arch, &dev).unwrap_err();
         assert!(
             format!("{e}").contains(
-                "--set train.batch_size=1 --set optim.grad_accum=32 --set train.recompute=true \
-                 --set train.dtype=f16 --set eval.batch_size=1"
+                "--set train.batch_size=2 --set optim.grad_accum=16 --set train.recompute=true \
+                 --set train.dtype=f16 --set eval.batch_size=2 ("
             ),
             "{e}"
         );
