@@ -376,12 +376,17 @@ impl MemoryPlan {
     /// of a step's work at 2048 tokens) and the plan no longer counts it.
     pub fn fitted(mut self, dev: &DeviceMemory) -> Self {
         if self.total > dev.bytes && self.recompute && self.attention_kept > 0 {
-            self.activations_recompute -= self.attention_kept;
-            self.total = RUNTIME
+            let activations = self.activations_recompute - self.attention_kept;
+            let total = RUNTIME
                 + self.weights
-                + (self.trainable_state + self.activations_recompute.max(self.evaluation))
-                    .max(self.finish);
-            self.keep_attention = false;
+                + (self.trainable_state + activations.max(self.evaluation)).max(self.finish);
+            // Where another phase (an evaluation) is what does not fit, recomputing would cost
+            // the replay its speed and fit nothing.
+            if total <= dev.bytes {
+                self.activations_recompute = activations;
+                self.total = total;
+                self.keep_attention = false;
+            }
         }
         self
     }
@@ -801,14 +806,12 @@ mod tests {
             shown.contains("attention recomputed in the replay"),
             "{shown}"
         );
-        // too small even without it: refused
+        // too small even without it: refused, and the attention stays kept (dropping it fits
+        // nothing)
         let small = dev(fitted.total - 1);
-        assert!(
-            plan(&cfg, &arch)
-                .fitted(&small)
-                .check(&cfg, &arch, &small)
-                .is_err()
-        );
+        let refused = plan(&cfg, &arch).fitted(&small);
+        assert!(refused.keep_attention && refused.total == full.total);
+        assert!(refused.check(&cfg, &arch, &small).is_err());
         // without recompute nothing is kept, and nothing is dropped
         let (taped, whole) = four_b(&[&sets[..], &["train.recompute=false"]].concat());
         let p = plan(&taped, &arch).fitted(&tight);
