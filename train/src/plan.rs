@@ -279,7 +279,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         let scores = (crate::recompute::SCORE_BLOCK as u64).min(rows * nh * s * s);
         (1, eval_layer + 3 * scores * 4)
     };
-    MemoryPlan {
+    let mut p = MemoryPlan {
         seq: s as usize,
         batch: cfg.train.batch_size,
         shards_alive: alive as usize,
@@ -296,9 +296,11 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         evaluation,
         eval_rows,
         eval_alive: eval_alive as usize,
-        total: RUNTIME + weights + (trainable_state + act.max(evaluation)).max(finish),
+        total: 0,
         largest_buffer,
-    }
+    };
+    p.total = p.total_with(act);
+    p
 }
 
 /// The largest single tensor a run allocates on its device, named: the largest weight in its
@@ -371,15 +373,21 @@ pub(crate) fn gib(bytes: u64) -> String {
 }
 
 impl MemoryPlan {
+    /// The weights, the runtime, and the larger phase: a training step with `activations`, an
+    /// evaluation, or the end of the run.
+    fn total_with(&self, activations: u64) -> u64 {
+        RUNTIME
+            + self.weights
+            + (self.trainable_state + activations.max(self.evaluation)).max(self.finish)
+    }
+
     /// This plan for a device of `dev`'s memory: where it does not fit but would without the
     /// attention kept for the replay, the replay recomputes the attention core instead (a sixth
     /// of a step's work at 2048 tokens) and the plan no longer counts it.
     pub fn fitted(mut self, dev: &DeviceMemory) -> Self {
         if self.total > dev.bytes && self.recompute && self.attention_kept > 0 {
             let activations = self.activations_recompute - self.attention_kept;
-            let total = RUNTIME
-                + self.weights
-                + (self.trainable_state + activations.max(self.evaluation)).max(self.finish);
+            let total = self.total_with(activations);
             // Where another phase (an evaluation) is what does not fit, recomputing would cost
             // the replay its speed and fit nothing.
             if total <= dev.bytes {
