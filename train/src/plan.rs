@@ -143,7 +143,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let s = cfg.data.max_tokens as u64;
     // A micro-batch runs as shards side by side on the thread pool: each holds its own rows'
     // activations, and as many are alive as there are threads to run them.
-    let (b, alive) = shards(cfg, rayon::current_num_threads());
+    let threads = rayon::current_num_threads().max(1);
+    let (b, alive) = shards(cfg, threads);
     let tokens = b * s;
 
     let trainable_params = match cfg.train.mode {
@@ -234,11 +235,10 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     } else {
         activations_taped
     };
-    let largest = crate::model::weights::expected_tensors(arch)
+    let largest = crate::model::weights::largest_tensor(arch)
+        .1
         .iter()
-        .map(|(_, s)| s.iter().product::<usize>() as u64)
-        .max()
-        .unwrap_or(0);
+        .product::<usize>() as u64;
     // The merge replaces one projection at a time (`crate::model::lora::merge`; the trainer first drops
     // its other handles on the base): the adapters' product, the base cast up and their sum in
     // f32, then the sum in the base's dtype.
@@ -273,7 +273,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
             0 => u64::MAX,
             m => (m as u64).div_ceil(rows),
         };
-        let alive = (rayon::current_num_threads().max(1) as u64).min(batches);
+        let alive = (threads as u64).min(batches);
         (alive, alive * eval_layer)
     } else {
         let scores = (crate::recompute::SCORE_BLOCK as u64).min(rows * nh * s * s);
@@ -321,10 +321,7 @@ fn largest_buffer(
         arch.intermediate_size as u64,
         arch.vocab_size as u64,
     );
-    let (name, shape) = crate::model::weights::expected_tensors(arch)
-        .into_iter()
-        .max_by_key(|(_, shape)| shape.iter().product::<usize>())
-        .unwrap_or_default();
+    let (name, shape) = crate::model::weights::largest_tensor(arch);
     let dtype = if w == 4 { "f32" } else { "a 16-bit float" };
     let mut all = vec![
         (

@@ -31,10 +31,7 @@ pub struct LoadOptions {
 /// largest buffer (`limit`) the GPU allocates: there each tensor is one buffer, and the load
 /// would fail as if memory had run out.
 fn weights_fit_buffers(config: &Qwen3Config, dtype: DType, limit: u64, origin: &str) -> Result<()> {
-    let (name, shape) = weights::expected_tensors(config)
-        .into_iter()
-        .max_by_key(|(_, shape)| shape.iter().product::<usize>())
-        .unwrap_or_default();
+    let (name, shape) = weights::largest_tensor(config);
     let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
     if bytes <= limit {
         return Ok(());

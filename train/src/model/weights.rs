@@ -157,6 +157,15 @@ pub(crate) fn read_index(index: &Path) -> Result<Vec<String>> {
     Ok(shards)
 }
 
+/// The largest tensor of [`expected_tensors`]: its name and shape (on a GPU, the weight that
+/// needs the largest buffer).
+pub fn largest_tensor(config: &Qwen3Config) -> (String, Vec<usize>) {
+    expected_tensors(config)
+        .into_iter()
+        .max_by_key(|(_, shape)| shape.iter().product::<usize>())
+        .unwrap_or_default()
+}
+
 /// The tensors a Qwen3 checkpoint holds for `config`, with their HF shapes.
 pub fn expected_tensors(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     let (h, d) = (config.hidden_size, config.head_dim);
