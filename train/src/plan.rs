@@ -6,8 +6,8 @@
 //! autodiff keeps for the backward pass of our layer (`crate::model::qwen3`): norms, projections (and,
 //! for a bf16 / f16 base, their inputs cast to it), RoPE copies, the shared key/value
 //! heads, the SwiGLU products, and, without recomputation, the attention scores of every layer.
-//! With recomputation (`crate::recompute`) only each layer's input stays, plus one layer's tape
-//! and three blocks of attention scores. The counts are element counts times the dtype's width;
+//! With recomputation (`crate::recompute`) only each layer's input stays (in f16 on an f16
+//! base), plus one layer's tape and three blocks of attention scores. The counts are element counts times the dtype's width;
 //! `RUNTIME` covers the process itself (code, tokenizer, allocator slack). The plan was checked
 //! against the measured peak RSS at three sizes (README, "Memory at real sizes").
 
@@ -203,19 +203,30 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // On the CPU a bf16 base's replay (`crate::replay`) holds the layer's frozen weights ready
     // for its products, one layer at a time: widened to f32, or `W` and `Wᵀ` packed in bf16 for
     // AVX512_BF16; four bytes a weight either way.
-    let widened = if cfg.train.backend == Backend::Cpu && w != 4 {
+    // (An f16 base replays through the tape, with neither: `crate::replay::applies`.)
+    let by_hand = cfg.train.backend == Backend::Cpu
+        && cfg.train.mode == Mode::Lora
+        && cfg.train.dtype != Precision::F16;
+    let widened = if by_hand && w != 4 {
         (2 * h * qd + 2 * h * kvd + 3 * h * i) * 4
     } else {
         0
     };
-    // A LoRA run on the CPU replays by hand, and keeps every layer's attention output (f32) and
+    // A LoRA run on the CPU over an f32 or bf16 base replays by hand, and keeps every layer's attention output (f32) and
     // row sums from the first pass (`crate::recompute`).
-    let attention_kept = if cfg.train.backend == Backend::Cpu && cfg.train.mode == Mode::Lora {
+    let attention_kept = if by_hand {
         tokens * layers * (qd + nh) * 4
     } else {
         0
     };
-    let recompute = tokens * layers * h * a
+    // Each layer's input, kept for the replay: f32, or on an f16 base in f16 with each token's
+    // scale (`crate::recompute::Keep::Scaled`).
+    let kept = if w == 2 && cfg.train.dtype == Precision::F16 {
+        h * 2 + 4
+    } else {
+        h * a
+    };
+    let recompute = tokens * layers * kept
         + tokens * (layer + core + 3 * h * 4)
         + scores
         + widened
@@ -867,6 +878,22 @@ mod tests {
             .check_buffers(&taped, 2 << 30, "a GPU", &both)
             .unwrap_err();
         assert!(format!("{e}").contains("train.batch_size (now 8"), "{e}");
+    }
+
+    /// An f16 base keeps each layer's input for the replay in f16, with a scale per token
+    /// (`recompute::Keep::Scaled`): 36 layers x 4096 tokens x (2560 x 2 + 4) bytes, where bf16
+    /// (f32's range) keeps them in f32. Nothing else in the plan differs.
+    #[test]
+    fn an_f16_base_keeps_its_layer_inputs_in_half_the_bytes() {
+        let (_, half) = four_b(&["train.dtype=f16"]);
+        let (_, bf16) = four_b(&["train.dtype=bf16"]);
+        let per_token = 2560 * 4 - (2560 * 2 + 4);
+        assert_eq!(
+            bf16.activations_recompute - half.activations_recompute,
+            36 * 2 * 2048 * per_token
+        );
+        assert_eq!(bf16.weights, half.weights);
+        assert_eq!(bf16.total - half.total, 36 * 2 * 2048 * per_token);
     }
 
     /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own:
