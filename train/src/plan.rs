@@ -219,6 +219,19 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     } else {
         0
     };
+    // A LoRA replay through the tape (a GPU's, or an f16 base's on the CPU) keeps less than
+    // `layer`: Burn keeps a product's input only for a tracked weight, so the frozen base's
+    // products keep nothing (an f16 base's casts included), and the adapters keep their f32
+    // inputs: the normed layer input, the heads' outputs, the post-attention norm's output, the
+    // SwiGLU product. Besides those, q and k before their norms, the residual, SwiGLU's two
+    // partial derivatives (`crate::model::qwen3::silu_mul_taped`), and two intermediate-sized
+    // gradients that the MLP's backward holds beside them. Checked against what Burn's GPU
+    // runtime reserved on llvmpipe (docs/results.md).
+    let replay_layer = if cfg.train.mode == Mode::Lora && !by_hand {
+        (h + qd + kvd) * a + (qd + 2 * h + 5 * i) * a
+    } else {
+        layer
+    };
     // Each layer's input, kept for the replay: f32, or on an f16 base in f16 with each token's
     // scale (`crate::recompute::Keep::Scaled`).
     let kept = if w == 2 && cfg.train.dtype == Precision::F16 {
@@ -227,7 +240,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         h * a
     };
     let recompute = tokens * layers * kept
-        + tokens * (layer + core + 3 * h * 4)
+        + tokens * (replay_layer + core + 3 * h * 4)
         + scores
         + widened
         + attention_kept;

@@ -375,11 +375,30 @@ impl Mlp {
         let up = self.up_proj.forward_checked(x, checks, "mlp.up_proj");
         let act = if cpu_ops::on_plain_cpu(&gate) {
             cpu_ops::silu_mul(gate, up)
+        } else if gate.is_tracked() || up.is_tracked() {
+            silu_mul_taped(gate, up)
         } else {
             silu(gate) * up
         };
         self.down_proj.forward_checked(act, checks, "mlp.down_proj")
     }
+}
+
+/// `silu(gate) · up` on a tape, keeping two intermediate-sized tensors for its backward pass
+/// where Burn's `silu(gate) * up` keeps four (gate, its sigmoid, SiLU and up): the two partial
+/// derivatives, `∂/∂gate = up · σ(gate) · (1 + gate · (1 − σ(gate)))` and `∂/∂up = silu(gate)`,
+/// computed off the tape. The tape sees `act + (lin − lin)`, with `lin = gate · ∂/∂gate +
+/// up · ∂/∂up` taped and its second copy detached: the value is `act` to the bit (a tensor minus
+/// its own bits is zero), and the gradient reaching `lin` is `act`'s. At the 4B that is two
+/// `[tokens, 9728]` f32 tensors less in each layer's replay, 0.30 GiB at 2 x 2048 tokens.
+pub(crate) fn silu_mul_taped<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    let (g, u) = (gate.clone().detach(), up.clone().detach());
+    let sig = burn::tensor::activation::sigmoid(g.clone());
+    let silu = g.clone() * sig.clone();
+    let act = silu.clone() * u.clone();
+    let d_gate = u * sig.clone() * (g * sig.neg().add_scalar(1.0)).add_scalar(1.0);
+    let lin = gate * d_gate + up * silu;
+    act + (lin.clone() - lin.detach())
 }
 
 #[derive(Module, Debug)]
@@ -913,6 +932,53 @@ mod tests {
                 .map(|(w, g)| (w - g).abs())
                 .fold(0.0, f32::max);
             assert!(worst <= 1e-6, "{rows} rows per block: off by {worst}");
+        }
+    }
+
+    /// `silu_mul_taped` gives Burn's `silu(gate) * up` to the bit, and the same gradients for
+    /// gate and up (within 1e-6 of the largest: the derivative is summed in another order), at
+    /// gates from -30 to 30, where the sigmoid saturates.
+    #[test]
+    fn swiglu_on_the_tape_keeps_burns_values_and_gradients() {
+        let device = Device::flex().autodiff();
+        let _rng = crate::trainer_tests::device_rng();
+        device.seed(31);
+        let normal = |std| burn::tensor::Distribution::Normal(0.0, std);
+        let gate = Tensor::<2>::random([6, 40], normal(3.0), &device).add(
+            Tensor::<1>::from_floats([-30.0, -8.0, 0.0, 8.0, 30.0, 1.0], &device).reshape([6, 1]),
+        );
+        let up = Tensor::<2>::random([6, 40], normal(1.0), &device);
+        let weights = Tensor::<2>::random([6, 40], normal(1.0), &device);
+        let run = |taped: bool| {
+            let (g, u) = (gate.clone().require_grad(), up.clone().require_grad());
+            let act = if taped {
+                silu_mul_taped(g.clone(), u.clone())
+            } else {
+                silu(g.clone()) * u.clone()
+            };
+            let value = act.clone().inner().into_data().try_to_vec::<f32>().unwrap();
+            let mut grads = (act * weights.clone()).sum().backward();
+            let grad = |t: &Tensor<2>, grads: &mut _| {
+                t.grad_remove(grads)
+                    .unwrap()
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+            };
+            (value, grad(&g, &mut grads), grad(&u, &mut grads))
+        };
+        let (want, taped) = (run(false), run(true));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&want.0), bits(&taped.0), "values");
+        for (what, w, t) in [("gate", &want.1, &taped.1), ("up", &want.2, &taped.2)] {
+            let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert!(scale > 0.0);
+            let worst = w
+                .iter()
+                .zip(t)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst <= 1e-6 * scale, "{what}: off by {worst} of {scale}");
         }
     }
 }
