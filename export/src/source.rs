@@ -58,6 +58,7 @@ fn load_options() -> LoadOptions {
         backend: Backend::Cpu,
         precision: Precision::F32,
         hub: None,
+        trains: false,
     }
 }
 

@@ -287,6 +287,7 @@ fn burn_samples(model: &str) -> Vec<CheckSample> {
             backend: Backend::Cpu,
             precision: Precision::F32,
             hub: None,
+            trains: false,
         },
     )
     .unwrap();

@@ -33,6 +33,7 @@ pub fn score(args: ScoreArgs) -> Result<ExitCode> {
         backend: args.backend,
         precision: args.dtype,
         hub: None,
+        trains: false,
     };
     // Opened now, so that an --out that cannot be written fails before the scoring; nothing
     // appears there (and the temporary file, and any folder made for it, go) unless every state

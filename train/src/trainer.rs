@@ -943,6 +943,7 @@ pub fn initial_model(cfg: &RunConfig, train: &[State], device: &Device) -> Resul
                 &LoadOptions {
                     backend,
                     precision: cfg.train.dtype,
+                    trains: cfg.train.mode == Mode::Full,
                     ..Default::default()
                 },
             )?;

@@ -76,6 +76,15 @@ fn wgpu_scores_like_the_cpu_backend() {
         ),
         state("c", "cancel", &["cancel_order", "lookup_order"]),
     ];
+    // Weights loaded to stay as they are sit in buffers of their own, outside the runtime's
+    // pools (whose pages then follow the activations' sizes, not the largest weight's).
+    use burn::module::Module;
+    let weights = gpu.model.num_params() as u64 * 4;
+    let held = decision_train::model::backend::gpu_memory(&gpu.device).unwrap();
+    assert!(
+        held.own_buffers >= weights,
+        "{held:?}: the {weights} bytes of weights are not in buffers of their own"
+    );
     let want = cpu.score(&states, 3).unwrap();
     let got = gpu.score(&states, 3).unwrap();
     let mut worst = 0f64;
@@ -397,6 +406,7 @@ fn wgpu_refuses_a_weight_larger_than_its_largest_buffer_before_reading_any() {
         backend: Backend::Wgpu,
         precision: Precision::F32,
         hub: None,
+        trains: false,
     };
     let err = match DecisionModel::load(dir.path().to_str().unwrap(), &opts) {
         Ok(_) => panic!("a model folder without weights loaded"),

@@ -276,13 +276,18 @@ fn runtime_facts(device: &Device) -> (String, usize, Option<u64>) {
 pub fn gpu_memory(device: &Device) -> Option<GpuMemory> {
     match device.as_dispatch() {
         burn::backend::DispatchDevice::Cube(cube) => {
-            let usage = cube
+            let report = cube
                 .client()
-                .memory_report(burn::cubecl::MemoryScope::Device)
-                .usage();
+                .memory_report(burn::cubecl::MemoryScope::Device);
+            let usage = report.usage();
             Some(GpuMemory {
                 reserved: usage.bytes_reserved,
                 in_use: usage.bytes_in_use,
+                own_buffers: report
+                    .streams
+                    .iter()
+                    .map(|s| s.pools.persistent.usage.bytes_reserved)
+                    .sum(),
             })
         }
         _ => None,
@@ -304,6 +309,9 @@ pub fn largest_buffer(device: &Device) -> Option<u64> {
 pub struct GpuMemory {
     pub reserved: u64,
     pub in_use: u64,
+    /// Of `reserved`, the buffers of their own that weights loaded to stay as they are take
+    /// (`LoadOptions::trains`), outside the pools.
+    pub own_buffers: u64,
 }
 
 /// The wgpu device and its adapter, brought up once per process (the runtime can be initialised

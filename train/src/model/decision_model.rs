@@ -25,6 +25,10 @@ pub struct LoadOptions {
     pub precision: Precision,
     /// Hub settings; `None` reads them from the environment.
     pub hub: Option<HubEnv>,
+    /// The weights will train (full fine-tuning). Otherwise they stay as loaded (scoring, a LoRA
+    /// run's frozen base), and on a GPU each goes in a buffer of its own, outside the runtime's
+    /// pools: those then carve their pages to the activations' sizes, not the largest weight's.
+    pub trains: bool,
 }
 
 /// Refuse, before any weight is read, a model whose largest weight in `dtype` is larger than the
@@ -133,7 +137,14 @@ impl DecisionModel {
             weights_fit_buffers(&config, dtype, limit, &md.origin)?;
         }
         let files = weights::weight_files(dir)?;
-        let model = weights::load_model(&config, &files, &md.origin, &device, dtype)?;
+        let load = |()| weights::load_model(&config, &files, &md.origin, &device, dtype);
+        let model = if opts.trains {
+            load(())?
+        } else {
+            // A weight that trains is replaced each step, and a freed buffer of its own would
+            // stay reserved: only weights that stay go there.
+            device.memory_persistent_allocations((), load)?
+        };
         Self::from_parts(config, model, tokenizer, spec, &md.origin)
     }
 

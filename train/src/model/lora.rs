@@ -192,6 +192,10 @@ pub fn merge(mut model: Qwen3) -> Qwen3 {
                     w
                 };
                 proj.weight = Param::initialized(proj.weight.id, w);
+                // On a GPU the base's weight had a buffer of its own (`LoadOptions::trains`),
+                // which stays reserved once freed until a cleanup returns it: one projection at
+                // a time, as the plan counts the merge.
+                proj.weight.device().memory_cleanup();
             }
         }
     }
