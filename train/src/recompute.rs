@@ -5,8 +5,9 @@
 //! Burn's autodiff keeps every matmul output of a forward pass until the backward pass, and has
 //! no block-level checkpoint API. So the step is built by hand:
 //!
-//! 1. a forward pass without autodiff that keeps only each layer's input `x_i` (and, for the
-//!    replay by hand, its attention core's output and row sums);
+//! 1. a forward pass without autodiff that keeps only each layer's input `x_i` (in f16, scaled
+//!    per token, on an f16 base: [`Keep`]; and, for the replay by hand, its attention core's
+//!    output and row sums);
 //! 2. the head (final norm, option logits, loss) on the last output, as an autodiff leaf: its
 //!    backward gives the loss gradient `g` of that output;
 //! 3. from the top layer down: re-run the layer on `x_i` as a fresh leaf and back-propagate `g`
