@@ -7,9 +7,10 @@
 //! for a bf16 / f16 base, their inputs cast to it), RoPE copies, the shared key/value
 //! heads, the SwiGLU products, and, without recomputation, the attention scores of every layer.
 //! With recomputation (`crate::recompute`) only each layer's input stays (in f16 on an f16
-//! base), plus one layer's tape and three blocks of attention scores. The counts are element counts times the dtype's width;
-//! `RUNTIME` covers the process itself (code, tokenizer, allocator slack). The plan was checked
-//! against the measured peak RSS at three sizes (README, "Memory at real sizes").
+//! base), plus one layer's tape and three blocks of attention scores. The counts are element
+//! counts times the dtype's width; `RUNTIME` covers the process itself (code, tokenizer,
+//! allocator slack). The plan was checked against the measured peak RSS at three sizes (README,
+//! "Memory at real sizes").
 
 use std::fmt::Write as _;
 
@@ -212,8 +213,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     } else {
         0
     };
-    // A LoRA run on the CPU over an f32 or bf16 base replays by hand, and keeps every layer's attention output (f32) and
-    // row sums from the first pass (`crate::recompute`).
+    // A LoRA run on the CPU over an f32 or bf16 base replays by hand, and keeps every layer's
+    // attention output (f32) and row sums from the first pass (`crate::recompute`).
     let attention_kept = if by_hand {
         tokens * layers * (qd + nh) * 4
     } else {

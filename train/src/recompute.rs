@@ -481,7 +481,7 @@ mod tests {
     use crate::loss::{LossTargets, batch_loss};
     use crate::model::config::Qwen3Config;
     use crate::model::qwen3::{Batch, Qwen3, init_random};
-    use crate::trainer_tests::gradients;
+    use crate::trainer_tests::{gradients, values};
 
     fn config(tied: bool) -> Qwen3Config {
         Qwen3Config::from_json(&serde_json::json!({
@@ -688,13 +688,7 @@ mod tests {
             burn::tensor::TensorData::new(flat.clone(), [2, 2, 4]),
             &device,
         );
-        let plain: Vec<f32> = x
-            .clone()
-            .cast(FloatDType::F16)
-            .cast(FloatDType::F32)
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
+        let plain = values(x.clone().cast(FloatDType::F16).cast(FloatDType::F32));
         assert!(
             plain.iter().any(|v| v.is_infinite()),
             "a plain f16 cast overflows"
@@ -703,7 +697,7 @@ mod tests {
         let kept = Kept::new(&x, Keep::Scaled);
         assert!(kept.peak.is_some());
         assert_eq!(kept.values.dtype(), DType::F16);
-        let back: Vec<f32> = kept.restore().into_data().try_to_vec::<f32>().unwrap();
+        let back = values(kept.restore());
         for (row, (want, got)) in rows.iter().zip(flat.chunks(4).zip(back.chunks(4))) {
             let peak = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             for (w, g) in want.iter().zip(got) {
@@ -711,11 +705,7 @@ mod tests {
                 assert!((w - g).abs() <= bound, "{w} read back as {g} (row {row:?})");
             }
         }
-        let exact: Vec<f32> = Kept::new(&x, Keep::Exact)
-            .restore()
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
+        let exact = values(Kept::new(&x, Keep::Exact).restore());
         assert_eq!(exact, flat);
     }
 

@@ -1194,7 +1194,7 @@ pub(crate) fn cast_weights(model: Qwen3, dtype: burn::tensor::FloatDType) -> Qwe
     model.map(&mut Cast(dtype))
 }
 
-fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+pub(crate) fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
 }
 

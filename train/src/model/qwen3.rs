@@ -940,6 +940,7 @@ mod tests {
     /// gates from -30 to 30, where the sigmoid saturates.
     #[test]
     fn swiglu_on_the_tape_keeps_burns_values_and_gradients() {
+        use crate::trainer_tests::values;
         let device = Device::flex().autodiff();
         let _rng = crate::trainer_tests::device_rng();
         device.seed(31);
@@ -956,15 +957,9 @@ mod tests {
             } else {
                 silu(g.clone()) * u.clone()
             };
-            let value = act.clone().inner().into_data().try_to_vec::<f32>().unwrap();
+            let value = values(act.clone().inner());
             let mut grads = (act * weights.clone()).sum().backward();
-            let grad = |t: &Tensor<2>, grads: &mut _| {
-                t.grad_remove(grads)
-                    .unwrap()
-                    .into_data()
-                    .try_to_vec::<f32>()
-                    .unwrap()
-            };
+            let grad = |t: &Tensor<2>, grads: &mut _| values(t.grad_remove(grads).unwrap());
             (value, grad(&g, &mut grads), grad(&u, &mut grads))
         };
         let (want, taped) = (run(false), run(true));
