@@ -40,7 +40,10 @@ pub struct ScoreArgs {
 #[command(
     after_help = "Example:\n  decision train --config configs/tiny.toml --out runs/tiny-v1\n  \
 decision train --config configs/tiny.toml --set train.max_steps=50 --set optim.lr=3e-4\n  \
-decision train --config configs/tiny.toml --out runs/tiny-v1 --resume"
+decision train --config configs/tiny.toml --out runs/tiny-v1 --resume\n\n\
+Progress goes to stderr: a bar on a terminal; otherwise (a log file, a batch job, CI) a line \
+when the model is set up and one per logged step (`[train] log_every`) and evaluation. \
+Each logged step is also a `train` line in the run folder's metrics.jsonl."
 )]
 pub struct TrainArgs {
     /// The run config (TOML); see configs/tiny.toml for every key.

@@ -17,7 +17,7 @@ use crate::model::decision_model::{DecisionModel, LoadOptions};
 use crate::plan::gib;
 use crate::run_config::RunConfig;
 use crate::run_folder;
-use crate::trainer::{TrainOptions, train as train_run};
+use crate::trainer::{Progress, TrainOptions, train as train_run};
 
 /// `decision score`: score `--data` with `--model`, one line per state to `--out`.
 pub fn score(args: ScoreArgs) -> Result<ExitCode> {
@@ -183,7 +183,11 @@ pub fn train(args: &TrainArgs) -> Result<ExitCode> {
     }
     let opts = TrainOptions {
         resume: args.resume,
-        progress: std::io::stderr().is_terminal(),
+        progress: if std::io::stderr().is_terminal() {
+            Progress::Bar
+        } else {
+            Progress::Lines
+        },
         stop_after: None,
     };
     let s = train_run(&cfg, &run_dir, &opts)?;

@@ -71,12 +71,24 @@ use crate::plan::gib;
 use crate::run_config::{Init, Mode, RunConfig};
 use decision_prompt::spec::{DecisionSpec, PromptTemplate};
 
+/// How a run reports its progress on stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing but warnings (a library caller, a test).
+    #[default]
+    Quiet,
+    /// A progress bar, for a terminal.
+    Bar,
+    /// A line when the model is set up, and one per logged step and evaluation: for a log file,
+    /// a batch job or CI, where a bar would draw nothing.
+    Lines,
+}
+
 /// How to run [`train`].
 #[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
     pub resume: bool,
-    /// Draw a progress bar on stderr.
-    pub progress: bool,
+    pub progress: Progress,
     /// Stop (after checkpointing) once this many steps are done, without finishing the run:
     /// what an interrupted run looks like. For tests.
     pub stop_after: Option<u64>,
@@ -170,6 +182,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             started,
         )?;
         t.keep_attention = keep_attention;
+        t.announce();
         while t.state.step < t.total_steps && opts.stop_after.is_none_or(|n| t.state.step < n) {
             let step = t.step()?;
             t.log_step(&step)?;
@@ -335,6 +348,8 @@ struct Trainer<'a> {
     saved_at: Option<u64>,
     metrics_path: PathBuf,
     bar: Option<indicatif::ProgressBar>,
+    /// Report in lines (`Progress::Lines`) where there is no bar.
+    lines: bool,
     clock: Clock,
     /// On a GPU, the most device memory the runtime has held after a step or an evaluation.
     gpu_peak: Option<u64>,
@@ -376,7 +391,7 @@ impl<'a> Trainer<'a> {
         train: &'a [State],
         valid: &'a [State],
         resume_from: Option<(u64, PathBuf)>,
-        progress: bool,
+        progress: Progress,
         started: Instant,
     ) -> Result<Self> {
         let plain = crate::model::backend::device(cfg.train.backend)?;
@@ -464,7 +479,8 @@ impl<'a> Trainer<'a> {
             params,
             saved_at: resume_from.map(|(step, _)| step),
             metrics_path,
-            bar: progress_bar(progress, total_steps, state.step),
+            bar: progress_bar(progress == Progress::Bar, total_steps, state.step),
+            lines: progress == Progress::Lines,
             gpu_peak: None,
             clock: Clock {
                 started,
@@ -597,10 +613,7 @@ impl<'a> Trainer<'a> {
              in f32 from now on (its weight takes twice the memory)",
             names.join(", ")
         );
-        match &self.bar {
-            Some(b) => b.println(line),
-            None => eprintln!("{line}"),
-        }
+        self.warn(line);
         append_metrics(
             &self.metrics_path,
             &serde_json::json!({"kind": "precision", "step": step, "f32_projections": names}),
@@ -609,8 +622,58 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// The progress bar, and every `log_every` steps (and the last) a `train` line in
-    /// `metrics.jsonl`.
+    /// A warning: above the bar, or on its own line.
+    fn warn(&self, line: String) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// A line of progress: above the bar, on its own line in `Progress::Lines`, else nothing.
+    fn say(&self, line: String) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None if self.lines => eprintln!("{line}"),
+            None => {}
+        }
+    }
+
+    /// Once set up: what was loaded, in how long, and what the loop will do.
+    fn announce(&self) {
+        let (trained, total) = self.params;
+        let what = match &self.lspec {
+            Some(_) => format!(
+                "LoRA r{} on {}",
+                self.cfg.lora.rank,
+                self.cfg.lora.targets.join(", ")
+            ),
+            None => "every weight".into(),
+        };
+        let first = if self.state.step == 0 {
+            "step 1".to_string()
+        } else {
+            format!("resuming after step {}", self.state.step)
+        };
+        let mut line = format!(
+            "set up in {:.1} s: {total} parameters, {} base, {trained} trained ({what}); {first} \
+             of {}, {} x up to {} tokens a micro-batch",
+            self.clock.started.elapsed().as_secs_f64(),
+            self.cfg.train.dtype,
+            self.total_steps,
+            self.cfg.train.batch_size,
+            self.cfg.data.max_tokens,
+        );
+        if self.cfg.train.backend != crate::Backend::Cpu {
+            line.push_str(
+                "; the first step also compiles the GPU's kernels, once per run, and takes longer",
+            );
+        }
+        self.say(line);
+    }
+
+    /// The progress bar (or, every `log_every` steps and the last, a line), and a `train` line
+    /// in `metrics.jsonl` at the same steps.
     fn log_step(&mut self, s: &StepStats) -> Result<()> {
         let step = self.state.step;
         let gpu = self.sample_gpu_memory();
@@ -634,11 +697,28 @@ impl<'a> Trainer<'a> {
             if let Some(scaler) = self.state.loss_scale {
                 line["loss_scale"] = scaler.scale.into();
             }
-            if let Some(m) = gpu {
+            if let Some(m) = &gpu {
                 line["gpu_reserved_bytes"] = m.reserved.into();
                 line["gpu_in_use_bytes"] = m.in_use.into();
             }
             append_metrics(&self.metrics_path, &line)?;
+            if self.bar.is_none() {
+                let mut said = format!(
+                    "step {step}/{}  loss {:.4}  lr {:.2e}  {:.0} tokens/s  {:.1} s",
+                    self.total_steps,
+                    s.loss,
+                    s.lr,
+                    line["tokens_per_s"].as_f64().unwrap_or(0.0),
+                    line["elapsed_s"].as_f64().unwrap_or(0.0),
+                );
+                if let Some(scaler) = self.state.loss_scale {
+                    said.push_str(&format!("  loss scale {}", scaler.scale));
+                }
+                if let Some(m) = &gpu {
+                    said.push_str(&format!("  GPU {} held", gib(m.reserved)));
+                }
+                self.say(said);
+            }
             self.clock.window_tokens = 0;
             self.clock.window_start = Instant::now();
         }
@@ -680,12 +760,10 @@ impl<'a> Trainer<'a> {
             "ece": r.overall.ece, "loss": vloss,
         });
         append_metrics(&self.metrics_path, &line)?;
-        if let Some(b) = &self.bar {
-            b.println(format!(
-                "step {}: valid accuracy {:.4}, loss {vloss:.4}",
-                self.state.step, r.overall.accuracy
-            ));
-        }
+        self.say(format!(
+            "step {}: valid accuracy {:.4}, loss {vloss:.4}",
+            self.state.step, r.overall.accuracy
+        ));
         Ok(())
     }
 

@@ -1,0 +1,122 @@
+//! `decision train` run where stderr is not a terminal (a log file, a batch job, CI) reports in
+//! lines what a terminal sees as a bar: what was set up, and each logged step's loss and rate.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn decision_in(dir: &Path, args: &[&str]) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_decision"))
+        .current_dir(dir)
+        .env("HF_HUB_OFFLINE", "1")
+        .args(args)
+        .output()
+        .expect("run decision");
+    assert!(
+        o.status.success(),
+        "decision {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+#[test]
+fn a_run_without_a_terminal_logs_its_steps_in_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    decision_in(
+        d,
+        &[
+            "gen",
+            "states",
+            "--rules",
+            "v1",
+            "--tasks",
+            "4",
+            "--seed",
+            "11",
+            "--out",
+            "states.jsonl",
+        ],
+    );
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
+    std::fs::write(
+        d.join("run.toml"),
+        format!(
+            r#"name = "log"
+[model]
+init = "pretrained"
+source = "{}"
+[data]
+train = "states.jsonl"
+valid = "states.jsonl"
+max_options = 16
+max_tokens = 512
+[lora]
+rank = 4
+alpha = 8.0
+targets = ["q_proj", "v_proj"]
+[train]
+mode = "lora"
+max_steps = 5
+batch_size = 2
+log_every = 2
+eval_every = 4
+backend = "cpu"
+[eval]
+permutations = 0
+max_states = 4
+"#,
+            base.display().to_string().replace('\\', "/")
+        ),
+    )
+    .unwrap();
+    let o = decision_in(d, &["train", "--config", "run.toml", "--out", "run"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+
+    let set_up = lines
+        .iter()
+        .position(|l| l.starts_with("set up in "))
+        .unwrap_or_else(|| panic!("no set-up line:\n{err}"));
+    assert!(
+        lines[set_up].contains("7168 trained (LoRA r4 on q_proj, v_proj); step 1 of 5"),
+        "{}",
+        lines[set_up]
+    );
+
+    // A line at each logged step (every second, and the last), with metrics.jsonl's loss.
+    let metrics = std::fs::read_to_string(d.join("run/metrics.jsonl")).unwrap();
+    let logged: Vec<(u64, f64)> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| m["kind"] == "train")
+        .map(|m| (m["step"].as_u64().unwrap(), m["loss"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(
+        logged.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [2, 4, 5]
+    );
+    let steps: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("step "))
+        .collect();
+    assert_eq!(steps.len(), 4, "three steps and one evaluation:\n{err}");
+    for (step, loss) in logged {
+        let line = steps
+            .iter()
+            .find(|l| l.starts_with(&format!("step {step}/5 ")))
+            .unwrap_or_else(|| panic!("no line for step {step}:\n{err}"));
+        assert!(
+            line.contains(&format!("loss {loss:.4} ")) && line.contains(" tokens/s "),
+            "{line}"
+        );
+        assert!(lines.iter().position(|l| l == line).unwrap() > set_up);
+    }
+    assert!(
+        steps
+            .iter()
+            .any(|l| l.starts_with("step 4: valid accuracy ")),
+        "{err}"
+    );
+}
