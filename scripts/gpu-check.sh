@@ -35,13 +35,17 @@
 # Then the wgpu tests run on the GPU (train/tests/wgpu.rs: the tiny base's LoRA run with recompute
 # in f32 and f16 against the CPU's, the f16 run killed and resumed; the compiler and `auto` dtype;
 # scoring), with DECISION_REQUIRE_CHECKERS=vulkan,gpu so that none passes by not running.
-# Results go to $OUT (gpu-check.log, plan.txt, bench-scale.json, ours-metrics.jsonl,
-# wgpu-tests.log); the checkpoint to $WORK.
+# After the benchmark, ours runs once more for 2 steps with each kernel launch timed
+# (kernel-times.txt: the GPU's time by kernel kind, per step), then the tests get what is left.
+# Results go to $OUT (gpu-check.log, plan.txt, bench-scale.json, ours-metrics.jsonl, timeline.txt,
+# ours-compile.log, kernel-times.txt, profile.log.xz, profile-train.log, wgpu-tests.log); the
+# checkpoint to $WORK.
 #   scripts/gpu-check.sh            # ends within SECONDS_ALLOWED (default 520) of its start
 # Environment: GPU_CHECK (default bench-out/gpu-check), OUT (default $GPU_CHECK/result),
 # WORK (default /tmp/gpu-check-work), STEPS (default 3: the first is not timed), SECONDS_ALLOWED,
 # BENCH_SHARE_PCT (default 65: the percentage of the time left after the checks the benchmark may
-# use; the wgpu tests get the rest).
+# use), PROFILE (default 1; 0 leaves the profiled run out), PROFILE_SHARE_PCT (default 50: its
+# share of the time left after the benchmark); the wgpu tests get the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=${GPU_CHECK:-bench-out/gpu-check}
@@ -53,6 +57,8 @@ END=$((START + ${SECONDS_ALLOWED:-520}))
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
 say() { echo "gpu-check: $*"; }
+# the `train` lines in a run's metrics.jsonl (0 before it exists)
+steps_in() { local n; n=$(grep -c '"train"' "$1/metrics.jsonl" 2>/dev/null || true); echo "${n:-0}"; }
 
 [ -d "$G/skeleton/model-2048" ] && [ -f "$G/decision.xz" ] || {
     say "no $G/skeleton/model-2048 or $G/decision.xz: run \`make gpu-check-prepare\` on the build machine and carry $G"; exit 2; }
@@ -89,17 +95,66 @@ keep() {
 }
 trap keep EXIT
 
-# The 4B step, side by side: the peer first, then ours until the benchmark's deadline.
+# The 4B step, side by side: the peer first, then ours until the benchmark's deadline. Ours starts
+# here, so a cubecl.toml here has cubecl log each kernel it compiles (ours-compile.log); every 10 s
+# a line of timeline.txt says how many, the GPU's utilisation and memory, and the steps logged, so a
+# run killed at the deadline still says whether it was loading, compiling or stepping.
 left=$((END - $(date +%s)))
 bench_s=$((left * ${BENCH_SHARE_PCT:-65} / 100))
 say "benchmark: ${bench_s} s of the ${left} s left"
 mkdir -p "$WORK/scale"
+printf '[compilation.logger]\nlevel = "basic"\nfile = "%s"\nappend = true\n' "$OUT/ours-compile.log" > cubecl.toml
+: > "$OUT/ours-compile.log"
+(
+    t0=$(date +%s)
+    while sleep 10; do
+        echo "$(( $(date +%s) - t0 )) s: kernels compiled $(grep -c '^\[Compiling kernel\]' "$OUT/ours-compile.log");" \
+            "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | head -1);" \
+            "steps logged $(steps_in "$WORK/scale/ours-2x2048")"
+    done > "$OUT/timeline.txt"
+) &
+WATCH=$!
 rc=0
 timeout "$((bench_s + 20))" python3 scripts/bench_scale.py --decision "$BIN" --skeleton "$G/skeleton" --out "$WORK/scale" \
     --backend wgpu --ours-dtype auto --peer-device cuda --torch-dtype bf16 \
     --workloads 2x2048 --steps "$STEPS" --no-forward --deadline "$(( $(date +%s) + bench_s ))" || rc=$?
+kill $WATCH 2>/dev/null || true
+rm -f cubecl.toml
 keep
-say "benchmark exit status $rc"
+say "benchmark exit status $rc; ours compiled $(grep -c '^\[Compiling kernel\]' "$OUT/ours-compile.log") kernels; timeline (since the peer started):"
+cat "$OUT/timeline.txt"
+
+# Where ours' GPU time goes: the same run again, each kernel launch timed on its own by cubecl's
+# profiling logger (so this run's tokens/s is not the benchmark's), stopped once it has logged 2
+# steps (its merge and the 8 GB save would add nothing), the launches summed by kernel kind
+# (scripts/kernel_times.py). It gets PROFILE_SHARE_PCT of the time left, when that is at least
+# 60 s; PROFILE=0 leaves it out.
+left=$((END - $(date +%s)))
+prof_s=$((left * ${PROFILE_SHARE_PCT:-50} / 100))
+if [ "${PROFILE:-1}" != 0 ] && [ -f "$WORK/scale/run-2x2048.toml" ] && [ "$prof_s" -ge 60 ]; then
+    say "profiled run of ours: ${prof_s} s of the ${left} s left"
+    rm -rf "$WORK/prof" && mkdir -p "$WORK/prof"
+    printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = true\n' "$WORK/prof/profile.log" > "$WORK/prof/cubecl.toml"
+    (cd "$WORK/prof" && exec timeout "$prof_s" "$BIN" train --config "$WORK/scale/run-2x2048.toml" \
+        --out "$WORK/prof/run" --set train.max_steps=3) > "$OUT/profile-train.log" 2>&1 &
+    PROF=$!
+    # stopped within a second of its second step's line: the table holds the load, 2 steps and at
+    # most that second of the third
+    while kill -0 $PROF 2>/dev/null; do
+        sleep 1
+        if [ "$(steps_in "$WORK/prof/run")" -ge 2 ]; then
+            kill $PROF 2>/dev/null && say "profiled run stopped after its second step"
+            break
+        fi
+    done
+    wait $PROF 2>/dev/null || true
+    tail -4 "$OUT/profile-train.log"
+    if python3 scripts/kernel_times.py "$WORK/prof/profile.log" --steps 2 > "$OUT/kernel-times.txt"; then
+        cat "$OUT/kernel-times.txt"
+    fi
+    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), lzma.open(sys.argv[2], 'wb'))" \
+        "$WORK/prof/profile.log" "$OUT/profile.log.xz" || true
+fi
 
 # The wgpu tests on the GPU. Their fixtures are read from the checkout the binary was built in.
 if [ -f "$G/wgpu-tests.xz" ]; then
