@@ -28,6 +28,9 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+
+use crate::model::weights::{SaveDtype, write_safetensors_with};
+use crate::optim::{AdamW, AdamWSettings};
 use serde::{Deserialize, Serialize};
 
 pub(crate) const COMPLETE: &str = "COMPLETE";
@@ -321,36 +324,97 @@ pub(crate) fn prune(run_dir: &Path, keep: usize) -> Result<()> {
 }
 
 /// Write named f32 vectors as one safetensors file (1-D tensors).
+#[cfg(test)]
 pub(crate) fn write_tensors(
     path: &Path,
     tensors: &BTreeMap<String, Vec<f32>>,
     metadata: BTreeMap<String, String>,
 ) -> Result<()> {
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+    let shapes: Vec<(String, Vec<usize>)> = tensors
         .iter()
-        .map(|(k, v)| {
-            let bytes: &[u8] = bytemuck_f32(v);
-            let view =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![v.len()], bytes)
-                    .expect("shape matches data");
-            (k.clone(), view)
-        })
+        .map(|(k, v)| (k.clone(), vec![v.len()]))
         .collect();
-    let meta: std::collections::HashMap<String, String> = metadata.into_iter().collect();
-    let bytes = safetensors::serialize(views, Some(meta)).context("serialising tensors")?;
-    decision_data::atomic::write_atomic(path, &bytes)
+    let each = tensors
+        .iter()
+        .map(|(k, v)| crate::model::weights::HfTensor {
+            name: k.clone(),
+            shape: vec![v.len()],
+            data: v.clone(),
+        });
+    write_safetensors_with(path, &shapes, each, SaveDtype::F32, &metadata)
+}
+
+/// Save the optimizer's moments as checkpoint file `path`, one tensor at a time. A full
+/// fine-tune's moments are twice its weights in f32: a host copy of all of them, and another as
+/// the file's bytes, made each checkpoint the run's peak. The header's `step` is AdamW's own
+/// count.
+pub(crate) fn write_optimizer(path: &Path, opt: &AdamW) -> Result<()> {
+    let meta = BTreeMap::from([("step".to_string(), opt.step.to_string())]);
+    write_safetensors_with(
+        path,
+        &opt.moment_shapes(),
+        opt.moment_tensors(),
+        SaveDtype::F32,
+        &meta,
+    )
+}
+
+/// The optimizer saved by [`write_optimizer`], read through a memory map one tensor at a time.
+/// A file without a `step` (written before AdamW kept its own count) takes `run_step`.
+pub(crate) fn read_optimizer(
+    path: &Path,
+    settings: AdamWSettings,
+    run_step: u64,
+    device: &burn::tensor::Device,
+) -> Result<AdamW> {
+    with_tensors(path, |meta, tensors| {
+        // AdamW's own step count: below the run's when loss scaling skipped steps.
+        let step = match meta.get("step") {
+            Some(v) => v.parse().with_context(|| {
+                format!("{}: metadata step {v:?} is not a number", path.display())
+            })?,
+            None => run_step,
+        };
+        AdamW::import(settings, step, tensors, device)
+    })
 }
 
 /// Named f32 vectors and the file's metadata.
+#[cfg(test)]
 pub(crate) type NamedTensors = (BTreeMap<String, Vec<f32>>, BTreeMap<String, String>);
 
-/// Read a file written by [`write_tensors`].
+/// Read a file written by [`write_tensors`] or [`write_optimizer`], whole.
+#[cfg(test)]
 pub(crate) fn read_tensors(path: &Path) -> Result<NamedTensors> {
-    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
+    with_tensors(path, |meta, tensors| {
+        Ok((tensors.collect::<Result<_>>()?, meta))
+    })
+}
+
+/// Open safetensors file `path` through a memory map and hand `f` its metadata and its f32
+/// tensors, each converted when the iterator reaches it.
+fn with_tensors<T>(
+    path: &Path,
+    f: impl FnOnce(
+        BTreeMap<String, String>,
+        &mut dyn Iterator<Item = Result<(String, Vec<f32>)>>,
+    ) -> Result<T>,
+) -> Result<T> {
+    let file = fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    // SAFETY: the map is read-only; a file changed underneath us while loading is the same
+    // hazard every safetensors reader accepts.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .with_context(|| format!("memory-mapping {}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&map)
         .with_context(|| format!("{}: not a safetensors file", path.display()))?;
-    let mut out = BTreeMap::new();
-    for (name, view) in st.tensors() {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&map)?;
+    let metadata = meta
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let mut tensors = st.tensors().into_iter().map(|(name, view)| {
         if view.dtype() != safetensors::Dtype::F32 {
             bail!(
                 "{}: tensor `{name}` is {:?}, expected F32",
@@ -363,22 +427,9 @@ pub(crate) fn read_tensors(path: &Path) -> Result<NamedTensors> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        out.insert(name, v);
-    }
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)?;
-    let metadata = meta
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    Ok((out, metadata))
-}
-
-fn bytemuck_f32(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the slice covers exactly
-    // the vector's memory. safetensors stores little-endian, which is every target we build for.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+        Ok((name, v))
+    });
+    f(metadata, &mut tensors)
 }
 
 pub(crate) fn write_state(dir: &Path, state: &TrainerState) -> Result<()> {

@@ -15,7 +15,7 @@
 //! The update is PyTorch's `AdamW`: `p ← p·(1 − lr·wd) − lr · m̂ / (√v̂ + eps)` with bias-corrected
 //! moments `m̂ = m / (1 − β1^t)`, `v̂ = v / (1 − β2^t)`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -100,9 +100,10 @@ impl AdamW {
         module.map(&mut mapper)
     }
 
-    /// Moments as named host tensors (`<path>.exp_avg`, `<path>.exp_avg_sq`), for checkpoints.
-    pub fn export(&self) -> BTreeMap<String, Vec<f32>> {
-        let mut out = BTreeMap::new();
+    /// Moments as named host tensors (`<path>.exp_avg`, `<path>.exp_avg_sq`), all at once.
+    #[cfg(test)]
+    pub fn export(&self) -> std::collections::BTreeMap<String, Vec<f32>> {
+        let mut out = std::collections::BTreeMap::new();
         for (path, m) in &self.moments {
             out.insert(format!("{path}.exp_avg"), to_vec(&m.exp_avg));
             out.insert(format!("{path}.exp_avg_sq"), to_vec(&m.exp_avg_sq));
@@ -110,15 +111,48 @@ impl AdamW {
         out
     }
 
-    /// Restore moments written by [`AdamW::export`].
+    /// Names (`<path>.exp_avg`, `<path>.exp_avg_sq`) and shapes of the moments, in the order
+    /// [`AdamW::moment_tensors`] yields them.
+    pub fn moment_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.named_moments()
+            .map(|(name, t)| (name, t.dims().to_vec()))
+            .collect()
+    }
+
+    /// The moments as named host tensors, each read from the device when the iterator reaches
+    /// it (for checkpoints, without a host copy of them all).
+    pub fn moment_tensors(&self) -> impl Iterator<Item = crate::model::weights::HfTensor> + '_ {
+        self.named_moments()
+            .map(|(name, t)| crate::model::weights::HfTensor {
+                name,
+                shape: t.dims().to_vec(),
+                data: to_vec(t),
+            })
+    }
+
+    fn named_moments(&self) -> impl Iterator<Item = (String, &Tensor<1>)> + '_ {
+        let mut paths: Vec<&String> = self.moments.keys().collect();
+        paths.sort();
+        paths.into_iter().flat_map(move |p| {
+            let m = &self.moments[p];
+            [
+                (format!("{p}.exp_avg"), &m.exp_avg),
+                (format!("{p}.exp_avg_sq"), &m.exp_avg_sq),
+            ]
+        })
+    }
+
+    /// Restore moments written by [`AdamW::export`] or [`AdamW::moment_tensors`], each moved to
+    /// the device as it arrives.
     pub fn import(
         settings: AdamWSettings,
         step: u64,
-        tensors: BTreeMap<String, Vec<f32>>,
+        tensors: impl IntoIterator<Item = anyhow::Result<(String, Vec<f32>)>>,
         device: &burn::tensor::Device,
     ) -> anyhow::Result<Self> {
         let mut moments: HashMap<String, (Option<Tensor<1>>, Option<Tensor<1>>)> = HashMap::new();
-        for (name, data) in tensors {
+        for item in tensors {
+            let (name, data) = item?;
             let n = data.len();
             let t = Tensor::<1>::from_data(burn::tensor::TensorData::new(data, [n]), device);
             if let Some(p) = name.strip_suffix(".exp_avg_sq") {
@@ -486,9 +520,25 @@ mod tests {
         // clipped gradient of b is 1/√12 per element; exp_avg = 0.1 · that
         let m_b = &exported["b.exp_avg"];
         assert!((m_b[0] as f64 - 0.1 / 12f64.sqrt()).abs() < 1e-6);
-        let back =
-            AdamW::import(opt.settings, opt.step, exported.clone(), &Device::flex()).unwrap();
+        let back = AdamW::import(
+            opt.settings,
+            opt.step,
+            exported.clone().into_iter().map(Ok),
+            &Device::flex(),
+        )
+        .unwrap();
         assert_eq!(back.export(), exported);
+        // the streamed form: the same names, shapes and values
+        let shapes = back.moment_shapes();
+        let streamed: std::collections::BTreeMap<String, Vec<f32>> = back
+            .moment_tensors()
+            .zip(&shapes)
+            .map(|(t, (name, shape))| {
+                assert_eq!((&t.name, &t.shape), (name, shape));
+                (t.name, t.data)
+            })
+            .collect();
+        assert_eq!(streamed, exported);
         let _ = TensorData::new(vec![0.0f32], [1]);
     }
 }

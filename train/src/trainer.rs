@@ -43,7 +43,6 @@
 //! the final evaluation, temperatures, `final/`, plots and `summary.json`). The data order is
 //! [`crate::data_order`]; one micro-batch's forward and backward passes are `micro_batch.rs`.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -794,13 +793,7 @@ impl<'a> Trainer<'a> {
                 snapshot.save(&c.path().join("model"))?;
             }
         }
-        let mut meta = BTreeMap::new();
-        meta.insert("step".to_string(), self.opt.step.to_string());
-        checkpoint::write_tensors(
-            &c.path().join(checkpoint::OPTIMIZER_FILE),
-            &self.opt.export(),
-            meta,
-        )?;
+        checkpoint::write_optimizer(&c.path().join(checkpoint::OPTIMIZER_FILE), &self.opt)?;
         checkpoint::write_state(c.path(), &self.state)?;
         decision_data::atomic::write_atomic(c.path().join("run.toml"), cfg.to_toml().as_bytes())?;
         c.commit()?;
@@ -996,16 +989,12 @@ fn load_checkpoint(
             dm.dtype(),
         )?
     };
-    let path = dir.join(checkpoint::OPTIMIZER_FILE);
-    let (tensors, meta) = checkpoint::read_tensors(&path)?;
-    // AdamW's own step count: below the run's when loss scaling skipped steps.
-    let opt_step = match meta.get("step") {
-        Some(v) => v
-            .parse()
-            .with_context(|| format!("{}: metadata step {v:?} is not a number", path.display()))?,
-        None => state.step,
-    };
-    let opt = AdamW::import(adamw_settings(cfg), opt_step, tensors, plain)?;
+    let opt = checkpoint::read_optimizer(
+        &dir.join(checkpoint::OPTIMIZER_FILE),
+        adamw_settings(cfg),
+        state.step,
+        plain,
+    )?;
     Ok((state, model, opt))
 }
 

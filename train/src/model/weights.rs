@@ -703,9 +703,23 @@ pub fn write_safetensors(
     tensors: impl Iterator<Item = HfTensor>,
     dtype: SaveDtype,
 ) -> Result<()> {
+    let pt = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors_with(path, shapes, tensors, dtype, &pt)
+}
+
+/// [`write_safetensors`] with the header's `__metadata__` given.
+pub(crate) fn write_safetensors_with(
+    path: &Path,
+    shapes: &[(String, Vec<usize>)],
+    tensors: impl Iterator<Item = HfTensor>,
+    dtype: SaveDtype,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     let mut header = serde_json::Map::new();
-    let mut meta = serde_json::Map::new();
-    meta.insert("format".into(), Value::String("pt".into()));
+    let meta = metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
     header.insert("__metadata__".into(), Value::Object(meta));
     let mut offset = 0usize;
     for (name, shape) in shapes {
