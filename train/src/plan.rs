@@ -164,10 +164,15 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     };
     let tokens_train = cfg.train.mode == Mode::Lora && !cfg.lora.trainable_tokens.is_empty();
     let weights = params * w;
-    // f32 gradients (the accumulated sum and one micro-batch's), two AdamW moments, and the
-    // adapters' own f32 weights in LoRA mode.
+    // f32 gradients, two AdamW moments, and the adapters' own f32 weights in LoRA mode. The
+    // gradients: one f32 copy more than the sets alive at once, which are one (a micro-batch's),
+    // or two while micro-batches are summed (the sum and the next one's), or one per shard
+    // running. Measured (docs/results.md, "A checkpoint's host copies"): a full fine-tune of
+    // 67 M parameters held one 268 MB copy more with `grad_accum = 2` than with 1, and about as
+    // much with two shards as with one.
     let own = if cfg.train.mode == Mode::Lora { 4 } else { 0 };
-    let trainable_state = trainable_params * (4 + 4 + 8 + own);
+    let grad_sets = alive.max(if cfg.optim.grad_accum > 1 { 2 } else { 1 });
+    let trainable_state = trainable_params * (4 * (1 + grad_sets) + 8 + own);
 
     // Per token, per layer, what the tape keeps (bytes): each RMSNorm keeps its f32 input and
     // normalised value and its output; RoPE its input, the rotated copy and the concatenation;
@@ -784,6 +789,28 @@ mod tests {
         let cfg = RunConfig::parse(text, &sets).unwrap();
         let p = plan(&cfg, &four_b_arch());
         (cfg, p)
+    }
+
+    /// Summing micro-batches, or shards running side by side, holds another f32 set of the
+    /// trainable parameters' gradients: a full fine-tune of 67 M parameters peaked one 268 MB
+    /// copy higher with `grad_accum = 2` than with 1 (docs/results.md).
+    #[test]
+    fn summed_gradients_are_planned_as_one_more_copy() {
+        let state = |sets: &[&str]| {
+            let (_, p) = four_b(sets);
+            (p.trainable_state, p.trainable_params)
+        };
+        let (one, n) = state(&["optim.grad_accum=1"]);
+        let (summed, _) = state(&["optim.grad_accum=16"]);
+        assert_eq!(one, n * (4 + 4 + 8 + 4));
+        assert_eq!(summed - one, n * 4);
+        // two shards alive at once on at least two threads
+        if rayon::current_num_threads() > 1 {
+            let (sharded, _) = state(&["optim.grad_accum=1", "train.shards=2"]);
+            assert_eq!(sharded - one, n * 4);
+        }
+        let (_, full) = four_b(&["optim.grad_accum=1", "train.mode=full"]);
+        assert_eq!(full.trainable_state, full.params * (4 + 4 + 8));
     }
 
     /// Shards run one per thread: the plan holds the rows of the shards alive at once, so four
