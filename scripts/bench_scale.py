@@ -85,22 +85,34 @@ class GpuMemory:
             self.thread.join()
 
 
-def run_measured(cmd, env=None, gpu=False, check=True, timeout=None):
+def run_measured(cmd, env=None, gpu=False, check=True, timeout=None, done=None):
     """Run `cmd` (its stderr passes through), return (seconds, max RSS in MiB, stdout, peak device
     MiB or None); with check=False a failure returns None for the seconds instead of exiting. A run
-    past `timeout` seconds is killed, and counts as a failure."""
+    past `timeout` seconds is killed, and counts as a failure. `done`, polled every 0.5 s, says when
+    the run has done what is measured: it is then stopped, and counts as finished."""
     import signal
     import threading
     t = time.time()
+    stopped = threading.Event()
     with GpuMemory(gpu) as mem:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
         timer = threading.Timer(timeout, p.send_signal, [signal.SIGKILL]) if timeout else None
         if timer:
             timer.start()
+        if done:
+            def watch():
+                while p.poll() is None and not stopped.wait(0.5):
+                    if done():
+                        stopped.set()
+                        p.send_signal(signal.SIGKILL)
+            threading.Thread(target=watch, daemon=True).start()
         out = p.stdout.read()
         _, status, usage = os.wait4(p.pid, 0)
         if timer:
             timer.cancel()
+    if stopped.is_set():
+        return time.time() - t, usage.ru_maxrss / 1024.0, out, (mem.peak if gpu else None)
+    stopped.set()
     if os.waitstatus_to_exitcode(status) != 0:
         if timeout and time.time() - t >= timeout:
             print(f"killed after {timeout:.0f} s: {' '.join(map(str, cmd[:2]))}", file=sys.stderr)
@@ -152,8 +164,16 @@ permutations = 0
 
 
 def ran_dtype(run_dir, asked):
-    """The dtype our run's base computed in: `asked`, or what `auto` resolved to (the newest
-    checkpoint's trainer state records it)."""
+    """The dtype our run's base computed in: `asked`, or what `auto` resolved to (each `train` line
+    of metrics.jsonl records it, as the newest checkpoint's trainer state does)."""
+    path = run_dir / "metrics.jsonl"
+    for line in reversed(open(path).read().splitlines() if path.exists() else []):
+        try:
+            m = json.loads(line)
+        except ValueError:  # the line a killed run was writing
+            continue
+        if m.get("kind") == "train" and "dtype" in m:
+            return m["dtype"]
     states = sorted(run_dir.glob("checkpoints/step-*/trainer_state.json"))
     return json.load(open(states[-1])).get("dtype", asked) if states else asked
 
@@ -501,8 +521,12 @@ def main():
                 timeout = args.ours_timeout
                 if args.deadline:
                     timeout = min(timeout or float("inf"), max(1.0, args.deadline - time.time()))
+                # On a GPU our run stops once it has logged its last step: the peer's figures are its
+                # steps', with no merge of the adapters or 8 GB save after them.
+                done = (lambda: len(rust_steps(run_dir)) >= args.steps) if gpu else None
                 secs, rss, _, dev_mib = run_measured([args.decision, "train", "--config", str(cfg), "--out",
-                                                      str(run_dir)], gpu=gpu, check=False, timeout=timeout)
+                                                      str(run_dir)], gpu=gpu, check=False, timeout=timeout,
+                                                     done=done)
                 steps = rust_steps(run_dir)
                 print(f"ours ({args.backend}, {dtype}): steps at {', '.join(f'{x:.1f}' for x in steps) or 'none'} "
                       "tokens/s", file=sys.stderr)

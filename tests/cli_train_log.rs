@@ -1,4 +1,4 @@
-//! `decision train` run where stderr is not a terminal (a log file, a batch job, CI) reports in
+//! A `decision train` run whose stderr is not a terminal (a log file, a batch job, CI) reports in
 //! lines what a terminal sees as a bar: what was set up, and each logged step's loss and rate.
 
 use std::path::Path;
@@ -62,6 +62,7 @@ batch_size = 2
 log_every = 2
 eval_every = 4
 backend = "cpu"
+dtype = "auto"
 [eval]
 permutations = 0
 max_states = 4
@@ -79,17 +80,19 @@ max_states = 4
         .position(|l| l.starts_with("set up in "))
         .unwrap_or_else(|| panic!("no set-up line:\n{err}"));
     assert!(
-        lines[set_up].contains("7168 trained (LoRA r4 on q_proj, v_proj); step 1 of 5"),
+        lines[set_up].contains("bf16 base, 7168 trained (LoRA r4 on q_proj, v_proj); step 1 of 5"),
         "{}",
         lines[set_up]
     );
 
-    // A line at each logged step (every second, and the last), with metrics.jsonl's loss.
+    // A line at each logged step (every second, and the last), with metrics.jsonl's loss; each
+    // metrics line records the dtype `auto` resolved to (bf16 on the CPU).
     let metrics = std::fs::read_to_string(d.join("run/metrics.jsonl")).unwrap();
     let logged: Vec<(u64, f64)> = metrics
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|m| m["kind"] == "train")
+        .inspect(|m| assert_eq!(m["dtype"], "bf16", "{m}"))
         .map(|m| (m["step"].as_u64().unwrap(), m["loss"].as_f64().unwrap()))
         .collect();
     assert_eq!(

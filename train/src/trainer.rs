@@ -6,7 +6,8 @@
 //! RUN_DIR/
 //!   run.toml              the resolved run config (file + --set overrides + defaults)
 //!   metrics.jsonl         one JSON object per line: {"kind":"train", step, epoch, loss, lr,
-//!                         grad_norm, tokens, tokens_per_s, elapsed_s} every `log_every` steps,
+//!                         grad_norm, tokens, tokens_per_s, elapsed_s, dtype (the base's, as the
+//!                         device ran it)} every `log_every` steps,
 //!                         {"kind":"eval", step, split:"valid", n, accuracy, nll, brier, ece, loss}
 //!                         every `eval_every` steps, and one {"kind":"final", ...} line
 //!   quarantine.jsonl      only with [data] skip_bad: the rejected rows, untouched
@@ -692,6 +693,7 @@ impl<'a> Trainer<'a> {
                 "lr": s.lr, "grad_norm": s.grad_norm, "tokens": self.state.tokens,
                 "tokens_per_s": self.clock.window_tokens as f64 / window.max(1e-9),
                 "elapsed_s": self.clock.started.elapsed().as_secs_f64(),
+                "dtype": self.cfg.train.dtype.to_string(),
             });
             if let Some(scaler) = self.state.loss_scale {
                 line["loss_scale"] = scaler.scale.into();
