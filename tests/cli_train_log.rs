@@ -80,7 +80,8 @@ max_states = 4
         .position(|l| l.starts_with("set up in "))
         .unwrap_or_else(|| panic!("no set-up line:\n{err}"));
     assert!(
-        lines[set_up].contains("bf16 base, 7168 trained (LoRA r4 on q_proj, v_proj); step 1 of 5"),
+        lines[set_up]
+            .contains("bf16 base, 7168 trained (LoRA r4 on q_proj, v_proj); 5 steps of 2 x up to"),
         "{}",
         lines[set_up]
     );

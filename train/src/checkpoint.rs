@@ -28,10 +28,10 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
 
 use crate::model::weights::{SaveDtype, write_safetensors_with};
 use crate::optim::{AdamW, AdamWSettings};
-use serde::{Deserialize, Serialize};
 
 pub(crate) const COMPLETE: &str = "COMPLETE";
 pub(crate) const STATE_FILE: &str = "trainer_state.json";

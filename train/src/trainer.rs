@@ -650,17 +650,19 @@ impl<'a> Trainer<'a> {
             ),
             None => "every weight".into(),
         };
-        let first = if self.state.step == 0 {
-            "step 1".to_string()
-        } else {
-            format!("resuming after step {}", self.state.step)
+        let steps = match self.state.step {
+            0 => format!("{} steps", self.total_steps),
+            done => format!(
+                "resumed after step {done}, steps {} to {}",
+                done + 1,
+                self.total_steps
+            ),
         };
         let mut line = format!(
-            "set up in {:.1} s: {total} parameters, {} base, {trained} trained ({what}); {first} \
-             of {}, {} x up to {} tokens a micro-batch",
+            "set up in {:.1} s: {total} parameters, {} base, {trained} trained ({what}); {steps} \
+             of {} x up to {} tokens",
             self.clock.started.elapsed().as_secs_f64(),
             self.cfg.train.dtype,
-            self.total_steps,
             self.cfg.train.batch_size,
             self.cfg.data.max_tokens,
         );
