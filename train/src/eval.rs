@@ -32,11 +32,13 @@ pub(crate) struct EvalReport {
 }
 
 /// Raw option logits of every state (temperature 1), in input order; refused, naming the
-/// state, when a state's logits are not finite (they would make receipts `fit` rejects).
+/// state, when a state's logits are not finite (they would make receipts `fit` rejects). On the
+/// CPU at most `side_by_side` batches run at once (`None`: one per thread).
 pub(crate) fn score_states(
     dm: &DecisionModel,
     states: &[State],
     batch_size: usize,
+    side_by_side: Option<usize>,
 ) -> Result<Vec<ScoredState>> {
     let encoded = states
         .iter()
@@ -47,6 +49,7 @@ pub(crate) fn score_states(
         &encoded,
         dm.pad_id,
         batch_size,
+        side_by_side,
         &mut |_| {},
     );
     crate::model::score::check_finite(&logits, &|i| format!("state {:?}", states[i].id))
@@ -106,7 +109,7 @@ pub fn flipped(
         return Ok(vec![false; states.len()]);
     }
     let pick = |s: &ScoredState| decision_data::stats::first_max(&s.probs(1.0));
-    let original: Vec<usize> = score_states(dm, states, batch_size)?
+    let original: Vec<usize> = score_states(dm, states, batch_size, None)?
         .iter()
         .map(pick)
         .collect();
@@ -131,7 +134,7 @@ pub fn flipped(
             .zip(&orders)
             .map(|(s, o)| permuted(s, o))
             .collect();
-        let scored = score_states(dm, &shown, batch_size)?;
+        let scored = score_states(dm, &shown, batch_size, None)?;
         for (i, sc) in scored.iter().enumerate() {
             permuted_picks[i].push(orders[i][pick(sc)]);
         }
@@ -163,7 +166,7 @@ pub fn evaluate(
     seed: u64,
     batch_size: usize,
 ) -> Result<(Report, Vec<ScoredState>)> {
-    let scored = score_states(dm, states, batch_size)?;
+    let scored = score_states(dm, states, batch_size, None)?;
     let temp = |s: &ScoredState| dm.temperature(&s.point) as f32;
     let labelled: Vec<ScoredState> = scored
         .iter()

@@ -60,8 +60,11 @@ pub struct MemoryPlan {
     pub evaluation: u64,
     /// The rows of one evaluation batch the plan counts.
     pub eval_rows: usize,
-    /// Evaluation batches alive at once: one per thread on the CPU, one on a GPU.
+    /// Evaluation batches alive at once: one per thread on the CPU (fewer where
+    /// [`MemoryPlan::fitted`] found that only fewer fit), one on a GPU.
     pub eval_alive: usize,
+    /// The batches side by side before [`MemoryPlan::fitted`]: as many as the threads.
+    pub eval_threads: usize,
     pub total: u64,
     /// The largest single tensor the run allocates, and what it is: on a GPU each tensor is one
     /// buffer, and an adapter caps a buffer's size ([`MemoryPlan::check_buffers`]).
@@ -326,6 +329,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         evaluation,
         eval_rows,
         eval_alive: eval_alive as usize,
+        eval_threads: eval_alive as usize,
         total: 0,
         largest_buffer,
     };
@@ -400,6 +404,15 @@ pub(crate) fn gib(bytes: u64) -> String {
 }
 
 impl MemoryPlan {
+    /// A micro-batch's activations, as the run keeps them (with or without recompute).
+    fn activations(&self) -> u64 {
+        if self.recompute {
+            self.activations_recompute
+        } else {
+            self.activations_taped
+        }
+    }
+
     /// The weights, the runtime, and the larger phase: a training step with `activations`, an
     /// evaluation, or the end of the run.
     fn total_with(&self, activations: u64) -> u64 {
@@ -408,10 +421,29 @@ impl MemoryPlan {
             + (self.trainable_state + activations.max(self.evaluation)).max(self.finish)
     }
 
-    /// This plan for a device of `dev`'s memory: where it does not fit but would without the
-    /// attention kept for the replay, the replay recomputes the attention core instead (a sixth
-    /// of a step's work at 2048 tokens) and the plan no longer counts it.
+    /// This plan for a device of `dev`'s memory. Where it does not fit:
+    /// - an evaluation on the CPU that runs a batch per thread side by side runs as many as
+    ///   fit, the largest number that does (evaluations are rare; this costs none of a step);
+    /// - where it still does not fit but would without the attention kept for the replay, the
+    ///   replay recomputes the attention core instead (a sixth of a step's work at 2048 tokens)
+    ///   and the plan no longer counts it.
     pub fn fitted(mut self, dev: &DeviceMemory) -> Self {
+        if self.total > dev.bytes && self.eval_alive > 1 {
+            let per_batch = self.evaluation / self.eval_alive as u64;
+            let activations = self.activations();
+            let fits = (1..self.eval_alive).rev().find(|&k| {
+                let p = MemoryPlan {
+                    evaluation: per_batch * k as u64,
+                    ..self.clone()
+                };
+                p.total_with(activations) <= dev.bytes
+            });
+            if let Some(k) = fits {
+                self.eval_alive = k;
+                self.evaluation = per_batch * k as u64;
+                self.total = self.total_with(activations);
+            }
+        }
         if self.total > dev.bytes && self.recompute && self.attention_kept > 0 {
             let activations = self.activations_recompute - self.attention_kept;
             let total = self.total_with(activations);
@@ -537,6 +569,13 @@ impl MemoryPlan {
                 },
                 self.evaluation,
             );
+            if self.eval_alive < self.eval_threads {
+                let _ = writeln!(
+                    o,
+                    "    {} batches side by side, not one per thread ({}): more would not fit",
+                    self.eval_alive, self.eval_threads
+                );
+            }
         }
         row(&mut o, "runtime", RUNTIME);
         row(&mut o, "at the end: merge and save, instead", self.finish);
@@ -789,6 +828,52 @@ mod tests {
         let cfg = RunConfig::parse(text, &sets).unwrap();
         let p = plan(&cfg, &four_b_arch());
         (cfg, p)
+    }
+
+    /// On the CPU an evaluation runs a batch per thread side by side. Where that is what does not
+    /// fit, it runs as many as fit instead, before the replay gives up the attention it keeps.
+    #[test]
+    fn an_evaluation_on_the_cpu_runs_as_many_batches_side_by_side_as_fit() {
+        let eight = rayon::ThreadPoolBuilder::new()
+            .num_threads(8)
+            .build()
+            .unwrap();
+        let (cfg, p) = eight.install(|| four_b(&["train.backend=cpu"]));
+        let arch = four_b_arch();
+        assert_eq!((p.eval_alive, p.eval_threads), (8, 8));
+        let per_batch = p.evaluation / 8;
+        assert!(
+            p.evaluation > p.activations_recompute,
+            "evaluation is the larger phase"
+        );
+        let dev = |bytes: u64| DeviceMemory {
+            bytes,
+            what: "a test machine".into(),
+            narrowest: Precision::Bf16,
+        };
+        // the fewest batches that still outweigh the training step's activations (5 at the 4B)
+        let k = (p.activations_recompute / per_batch + 1) as usize;
+        assert!(k > 1 && k < 8);
+        // room for k batches: k run, the attention stays kept, and the plan says why
+        let room = p.total - (8 - k as u64) * per_batch;
+        let f = p.clone().fitted(&dev(room));
+        assert_eq!((f.eval_alive, f.evaluation), (k, k as u64 * per_batch));
+        assert!(f.keep_attention);
+        assert_eq!(f.total, room);
+        assert!(f.check(&cfg, &arch, &dev(room)).is_ok());
+        assert!(f.render(&cfg, Some(&dev(room))).contains(&format!(
+            "{k} batches side by side, not one per thread (8): more would not fit"
+        )));
+        // room for the training step alone: the batches that fit within its activations
+        let step = p.total - p.evaluation + p.activations_recompute;
+        assert_eq!(p.clone().fitted(&dev(step)).eval_alive, k - 1);
+        // where the training step itself does not fit, fewer batches fit nothing: unchanged
+        let none = p.weights + p.trainable_state + p.activations_recompute / 2;
+        let g = p.clone().fitted(&dev(none));
+        assert_eq!(g.eval_alive, 8);
+        assert!(g.check(&cfg, &arch, &dev(none)).is_err());
+        // with room for all, all run
+        assert_eq!(p.clone().fitted(&dev(p.total)).eval_alive, 8);
     }
 
     /// Summing micro-batches, or shards running side by side, holds another f32 set of the

@@ -143,24 +143,39 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             &crate::model::backend::supported_precisions(&device),
         )?;
     }
-    let keep_attention = match crate::plan::device_limit(cfg.train.backend, &device)? {
-        Some(dev) => {
-            let arch = crate::plan::architecture(cfg)?;
-            let plan = crate::plan::plan(cfg, &arch).fitted(&dev);
-            plan.check(cfg, &arch, &dev)?;
-            if !plan.keep_attention {
-                eprintln!(
-                    "[train] recompute: the replay computes each layer's attention again; keeping \
-                     it from the first pass ({}) would not fit {} ({})",
-                    gib(plan.attention_kept),
-                    dev.what,
-                    gib(dev.bytes)
-                );
+    // What the plan fitted to the device changes: whether the replay keeps the attention, and
+    // how many evaluation batches run side by side on the CPU (`None`: one per thread).
+    let (keep_attention, eval_side_by_side) =
+        match crate::plan::device_limit(cfg.train.backend, &device)? {
+            Some(dev) => {
+                let arch = crate::plan::architecture(cfg)?;
+                let plan = crate::plan::plan(cfg, &arch).fitted(&dev);
+                plan.check(cfg, &arch, &dev)?;
+                if !plan.keep_attention {
+                    eprintln!(
+                        "[train] recompute: the replay computes each layer's attention again; \
+                         keeping it from the first pass ({}) would not fit {} ({})",
+                        gib(plan.attention_kept),
+                        dev.what,
+                        gib(dev.bytes)
+                    );
+                }
+                let capped = plan.eval_alive < plan.eval_threads;
+                if capped {
+                    eprintln!(
+                        "[eval] {} batches of {} rows side by side, not one per thread ({}): more \
+                         would not fit {} ({})",
+                        plan.eval_alive,
+                        plan.eval_rows,
+                        plan.eval_threads,
+                        dev.what,
+                        gib(dev.bytes)
+                    );
+                }
+                (plan.keep_attention, capped.then_some(plan.eval_alive))
             }
-            plan.keep_attention
-        }
-        None => true,
-    };
+            None => (true, None),
+        };
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let _lock = crate::run_lock::RunLock::acquire(run_dir)?;
     let resume_from = if opts.resume {
@@ -182,6 +197,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
             started,
         )?;
         t.keep_attention = keep_attention;
+        t.eval_side_by_side = eval_side_by_side;
         t.announce();
         while t.state.step < t.total_steps && opts.stop_after.is_none_or(|n| t.state.step < n) {
             let step = t.step()?;
@@ -341,6 +357,9 @@ struct Trainer<'a> {
     /// With recompute, whether the replay reuses the first pass's attention (the memory plan's
     /// choice for the device).
     keep_attention: bool,
+    /// On the CPU, evaluation batches scored side by side where fewer than one per thread fit
+    /// (the memory plan's choice); `None`: one per thread.
+    eval_side_by_side: Option<usize>,
     total_steps: u64,
     /// Parameters: (trainable, total).
     params: (usize, usize),
@@ -475,6 +494,7 @@ impl<'a> Trainer<'a> {
             weights: LossWeights::new(&cfg.loss),
             f16_base,
             keep_attention: true,
+            eval_side_by_side: None,
             total_steps,
             params,
             saved_at: resume_from.map(|(step, _)| step),
@@ -753,7 +773,12 @@ impl<'a> Trainer<'a> {
             m => m.min(self.valid.len()),
         };
         let states = &self.valid[..n];
-        let scored = crate::eval::score_states(&eval_model, states, self.cfg.eval.batch_size)?;
+        let scored = crate::eval::score_states(
+            &eval_model,
+            states,
+            self.cfg.eval.batch_size,
+            self.eval_side_by_side,
+        )?;
         let r = Report::new(&scored, &|_| 1.0);
         let vloss = crate::eval::mean_loss(&scored, states, self.weights);
         self.sample_gpu_memory();
@@ -895,7 +920,12 @@ impl<'a> Trainer<'a> {
         fin: &DecisionModel,
     ) -> Result<(FinalEval, Vec<crate::metrics::ScoredState>)> {
         let cfg = self.cfg;
-        let scored = crate::eval::score_states(fin, self.valid, cfg.eval.batch_size)?;
+        let scored = crate::eval::score_states(
+            fin,
+            self.valid,
+            cfg.eval.batch_size,
+            self.eval_side_by_side,
+        )?;
         let temps = calibration::fit(&scored, cfg.eval.min_states_per_point);
         let before = Report::new(&scored, &|_| 1.0);
         let mut after = Report::new(&scored, &|s| temps.for_point(&s.point));

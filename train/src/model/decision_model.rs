@@ -215,11 +215,18 @@ impl DecisionModel {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Vec<Scores> {
-        score::logits_in_batches(&self.model, encoded, self.pad_id, batch_size, progress)
-            .iter()
-            .zip(points)
-            .map(|(logits, point)| score::scores_from_logits(logits, self.temperature(point)))
-            .collect()
+        score::logits_in_batches(
+            &self.model,
+            encoded,
+            self.pad_id,
+            batch_size,
+            None,
+            progress,
+        )
+        .iter()
+        .zip(points)
+        .map(|(logits, point)| score::scores_from_logits(logits, self.temperature(point)))
+        .collect()
     }
 
     /// Save in the Hugging Face layout plus `decision.json`: `config.json`, `model.safetensors`,

@@ -111,13 +111,15 @@ pub(crate) fn length_order(encoded: &[Encoded]) -> Vec<usize> {
 /// similar length; `progress` is told how many states each finished round of batches held.
 ///
 /// On the CPU one forward pass keeps about one core busy on small shapes, so a round runs as
-/// many batches side by side as the thread pool has threads (each row's logits do not depend on
-/// its batch, so the result is the same); on a GPU batches go one after another.
+/// many batches side by side as the thread pool has threads, or `side_by_side` where the memory
+/// plan fits fewer (each row's logits do not depend on its batch, so the result is the same); on
+/// a GPU batches go one after another.
 pub(crate) fn logits_in_batches(
     model: &Qwen3,
     encoded: &[Encoded],
     pad_id: u32,
     batch_size: usize,
+    side_by_side: Option<usize>,
     progress: &mut dyn FnMut(usize),
 ) -> Vec<Vec<f64>> {
     use rayon::prelude::*;
@@ -125,7 +127,9 @@ pub(crate) fn logits_in_batches(
     let chunks: Vec<&[usize]> = order.chunks(batch_size.max(1)).collect();
     let parallel = model.device() == burn::tensor::Device::flex();
     let round = if parallel {
-        rayon::current_num_threads().max(1)
+        rayon::current_num_threads()
+            .min(side_by_side.unwrap_or(usize::MAX))
+            .max(1)
     } else {
         1
     };
@@ -153,6 +157,45 @@ pub(crate) fn logits_in_batches(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A round holds one batch per thread, or `side_by_side`: `progress` hears each round's
+    /// states; the logits are the same either way.
+    #[test]
+    fn batches_run_side_by_side_one_per_thread_or_as_many_as_fit() {
+        let device = burn::tensor::Device::flex();
+        let model =
+            crate::model::qwen3::init_random(&crate::trainer_tests::tiny_config(32), 0.2, &device);
+        let encoded: Vec<Encoded> = (0..8u32)
+            .map(|i| Encoded {
+                input_ids: (0..5 + i % 3).map(|t| (t * 7 + i) % 30 + 2).collect(),
+                option_token_ids: vec![20, 21, 22],
+                truncated: false,
+                dropped_context_bytes: 0,
+            })
+            .collect();
+        let four = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let run = |side_by_side: Option<usize>| {
+            four.install(|| {
+                let mut rounds = Vec::new();
+                let logits = logits_in_batches(&model, &encoded, 0, 2, side_by_side, &mut |n| {
+                    rounds.push(n)
+                });
+                (rounds, logits)
+            })
+        };
+        let (all, logits) = run(None);
+        assert_eq!(all, [8], "four batches of two, one per thread");
+        for (cap, rounds) in [(1, vec![2, 2, 2, 2]), (3, vec![6, 2]), (9, vec![8])] {
+            let (r, l) = run(Some(cap));
+            assert_eq!(r, rounds, "at most {cap} side by side");
+            for (a, b) in l.iter().flatten().zip(logits.iter().flatten()) {
+                assert!((a - b).abs() < 1e-5, "{a} {b}");
+            }
+        }
+    }
 
     #[test]
     fn softmax_with_temperature() {
