@@ -63,7 +63,8 @@ pub struct MemoryPlan {
     /// Evaluation batches alive at once: one per thread on the CPU (fewer where
     /// [`MemoryPlan::fitted`] found that only fewer fit), one on a GPU.
     pub eval_alive: usize,
-    /// The batches side by side before [`MemoryPlan::fitted`]: as many as the threads.
+    /// The batches side by side before [`MemoryPlan::fitted`]: one per thread, at most as many
+    /// as `max_states` makes.
     pub eval_threads: usize,
     pub total: u64,
     /// The largest single tensor the run allocates, and what it is: on a GPU each tensor is one
@@ -572,7 +573,7 @@ impl MemoryPlan {
             if self.eval_alive < self.eval_threads {
                 let _ = writeln!(
                     o,
-                    "    {} batches side by side, not one per thread ({}): more would not fit",
+                    "    {} batches side by side, not {}: more would not fit",
                     self.eval_alive, self.eval_threads
                 );
             }
@@ -862,7 +863,7 @@ mod tests {
         assert_eq!(f.total, room);
         assert!(f.check(&cfg, &arch, &dev(room)).is_ok());
         assert!(f.render(&cfg, Some(&dev(room))).contains(&format!(
-            "{k} batches side by side, not one per thread (8): more would not fit"
+            "{k} batches side by side, not 8: more would not fit"
         )));
         // room for the training step alone: the batches that fit within its activations
         let step = p.total - p.evaluation + p.activations_recompute;

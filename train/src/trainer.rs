@@ -163,8 +163,8 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
                 let capped = plan.eval_alive < plan.eval_threads;
                 if capped {
                     eprintln!(
-                        "[eval] {} batches of {} rows side by side, not one per thread ({}): more \
-                         would not fit {} ({})",
+                        "[eval] {} batches of {} rows side by side, not {}: more would not fit \
+                         {} ({})",
                         plan.eval_alive,
                         plan.eval_rows,
                         plan.eval_threads,
