@@ -59,6 +59,8 @@ exec > >(tee "$OUT/gpu-check.log") 2>&1
 say() { echo "gpu-check: $*"; }
 # the `train` lines in a run's metrics.jsonl (0 before it exists)
 steps_in() { local n; n=$(grep -c '"train"' "$1/metrics.jsonl" 2>/dev/null || true); echo "${n:-0}"; }
+# the kernels cubecl's compile log names
+compiled_in() { grep -c '^\[Compiling kernel\]' "$1" || true; }
 
 [ -d "$G/skeleton/model-2048" ] && [ -f "$G/decision.xz" ] || {
     say "no $G/skeleton/model-2048 or $G/decision.xz: run \`make gpu-check-prepare\` on the build machine and carry $G"; exit 2; }
@@ -108,7 +110,7 @@ printf '[compilation.logger]\nlevel = "basic"\nfile = "%s"\nappend = true\n' "$O
 (
     t0=$(date +%s)
     while sleep 10; do
-        echo "$(( $(date +%s) - t0 )) s: kernels compiled $(grep -c '^\[Compiling kernel\]' "$OUT/ours-compile.log");" \
+        echo "$(( $(date +%s) - t0 )) s: kernels compiled $(compiled_in "$OUT/ours-compile.log");" \
             "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | head -1);" \
             "steps logged $(steps_in "$WORK/scale/ours-2x2048")"
     done > "$OUT/timeline.txt"
@@ -121,7 +123,7 @@ timeout "$((bench_s + 20))" python3 scripts/bench_scale.py --decision "$BIN" --s
 kill $WATCH 2>/dev/null || true
 rm -f cubecl.toml
 keep
-say "benchmark exit status $rc; ours compiled $(grep -c '^\[Compiling kernel\]' "$OUT/ours-compile.log") kernels; timeline (since the peer started):"
+say "benchmark exit status $rc; ours compiled $(compiled_in "$OUT/ours-compile.log") kernels; timeline (since the peer started):"
 cat "$OUT/timeline.txt"
 
 # Where ours' GPU time goes: the same run again, each kernel launch timed on its own by cubecl's

@@ -264,11 +264,6 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     };
     let activations_taped = alive * (taped + head);
     let activations_recompute = alive * (recompute + head);
-    let act = if cfg.train.recompute {
-        activations_recompute
-    } else {
-        activations_taped
-    };
     let largest = crate::model::weights::largest_tensor(arch)
         .1
         .iter()
@@ -334,7 +329,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         total: 0,
         largest_buffer,
     };
-    p.total = p.total_with(act);
+    p.total = p.total_with(p.activations(), p.evaluation);
     p
 }
 
@@ -415,11 +410,11 @@ impl MemoryPlan {
     }
 
     /// The weights, the runtime, and the larger phase: a training step with `activations`, an
-    /// evaluation, or the end of the run.
-    fn total_with(&self, activations: u64) -> u64 {
+    /// evaluation holding `evaluation`, or the end of the run.
+    fn total_with(&self, activations: u64, evaluation: u64) -> u64 {
         RUNTIME
             + self.weights
-            + (self.trainable_state + activations.max(self.evaluation)).max(self.finish)
+            + (self.trainable_state + activations.max(evaluation)).max(self.finish)
     }
 
     /// This plan for a device of `dev`'s memory. Where it does not fit:
@@ -432,22 +427,18 @@ impl MemoryPlan {
         if self.total > dev.bytes && self.eval_alive > 1 {
             let per_batch = self.evaluation / self.eval_alive as u64;
             let activations = self.activations();
-            let fits = (1..self.eval_alive).rev().find(|&k| {
-                let p = MemoryPlan {
-                    evaluation: per_batch * k as u64,
-                    ..self.clone()
-                };
-                p.total_with(activations) <= dev.bytes
-            });
+            let fits = (1..self.eval_alive)
+                .rev()
+                .find(|&k| self.total_with(activations, per_batch * k as u64) <= dev.bytes);
             if let Some(k) = fits {
                 self.eval_alive = k;
                 self.evaluation = per_batch * k as u64;
-                self.total = self.total_with(activations);
+                self.total = self.total_with(activations, self.evaluation);
             }
         }
         if self.total > dev.bytes && self.recompute && self.attention_kept > 0 {
             let activations = self.activations_recompute - self.attention_kept;
-            let total = self.total_with(activations);
+            let total = self.total_with(activations, self.evaluation);
             // Where another phase (an evaluation) is what does not fit, recomputing would cost
             // the replay its speed and fit nothing.
             if total <= dev.bytes {
