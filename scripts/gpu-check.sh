@@ -105,8 +105,15 @@ left=$((END - $(date +%s)))
 bench_s=$((left * ${BENCH_SHARE_PCT:-65} / 100))
 say "benchmark: ${bench_s} s of the ${left} s left"
 mkdir -p "$WORK/scale"
-printf '[compilation.logger]\nlevel = "basic"\nfile = "%s"\nappend = true\n' "$OUT/ours-compile.log" > cubecl.toml
 : > "$OUT/ours-compile.log"
+# A cubecl.toml already here is the user's: it stays as it is, and the compile log stays empty.
+OURS_TOML=""
+if [ -e cubecl.toml ]; then
+    say "a cubecl.toml is already in $PWD: left as it is, so no compile log"
+else
+    printf '[compilation.logger]\nlevel = "basic"\nfile = "%s"\nappend = true\n' "$OUT/ours-compile.log" > cubecl.toml
+    OURS_TOML=cubecl.toml
+fi
 (
     t0=$(date +%s)
     while sleep 10; do
@@ -121,7 +128,7 @@ timeout "$((bench_s + 20))" python3 scripts/bench_scale.py --decision "$BIN" --s
     --backend wgpu --ours-dtype auto --peer-device cuda --torch-dtype bf16 \
     --workloads 2x2048 --steps "$STEPS" --no-forward --deadline "$(( $(date +%s) + bench_s ))" || rc=$?
 kill $WATCH 2>/dev/null || true
-rm -f cubecl.toml
+[ -z "$OURS_TOML" ] || rm -f "$OURS_TOML"
 keep
 say "benchmark exit status $rc; ours compiled $(compiled_in "$OUT/ours-compile.log") kernels; timeline (since the peer started):"
 cat "$OUT/timeline.txt"
