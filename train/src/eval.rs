@@ -86,15 +86,24 @@ pub(crate) fn mean_loss(scored: &[ScoredState], states: &[State], w: LossWeights
     sum / n.max(1) as f64
 }
 
-/// Share of states whose pick changes under `k` other random candidate orders.
+/// Share of states whose pick changes under `k` other random candidate orders; batches as in
+/// [`score_states`].
 pub fn flip_rate(
     dm: &DecisionModel,
     states: &[State],
     k: usize,
     seed: u64,
     batch_size: usize,
+    side_by_side: Option<usize>,
 ) -> Result<f64> {
-    Ok(share(&flipped(dm, states, k, seed, batch_size)?))
+    Ok(share(&flipped(
+        dm,
+        states,
+        k,
+        seed,
+        batch_size,
+        side_by_side,
+    )?))
 }
 
 /// For each state, whether its pick changes under `k` other random candidate orders.
@@ -104,12 +113,13 @@ pub fn flipped(
     k: usize,
     seed: u64,
     batch_size: usize,
+    side_by_side: Option<usize>,
 ) -> Result<Vec<bool>> {
     if states.is_empty() || k == 0 {
         return Ok(vec![false; states.len()]);
     }
     let pick = |s: &ScoredState| decision_data::stats::first_max(&s.probs(1.0));
-    let original: Vec<usize> = score_states(dm, states, batch_size, None)?
+    let original: Vec<usize> = score_states(dm, states, batch_size, side_by_side)?
         .iter()
         .map(pick)
         .collect();
@@ -134,7 +144,7 @@ pub fn flipped(
             .zip(&orders)
             .map(|(s, o)| permuted(s, o))
             .collect();
-        let scored = score_states(dm, &shown, batch_size, None)?;
+        let scored = score_states(dm, &shown, batch_size, side_by_side)?;
         for (i, sc) in scored.iter().enumerate() {
             permuted_picks[i].push(orders[i][pick(sc)]);
         }
@@ -199,7 +209,7 @@ pub fn evaluate(
             .filter(|s| s.answer.is_some())
             .cloned()
             .collect();
-        let flags = flipped(dm, &labelled_states, permutations, seed, batch_size)?;
+        let flags = flipped(dm, &labelled_states, permutations, seed, batch_size, None)?;
         report.flip_rate = Some(share(&flags));
         let mut by_point: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
         for (s, f) in labelled_states.iter().zip(&flags) {

@@ -144,7 +144,10 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
         )?;
     }
     // What the plan fitted to the device changes: whether the replay keeps the attention, and
-    // how many evaluation batches run side by side on the CPU (`None`: one per thread).
+    // how many evaluation batches run side by side on the CPU: those the plan counts, for the
+    // periodic evaluations and the final one (which scores every validation state, so would
+    // otherwise run one batch per thread where `max_states` planned fewer), flip rate included
+    // (`None`: no plan, one per thread).
     let (keep_attention, eval_side_by_side) =
         match crate::plan::device_limit(cfg.train.backend, &device)? {
             Some(dev) => {
@@ -160,8 +163,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
                         gib(dev.bytes)
                     );
                 }
-                let capped = plan.eval_alive < plan.eval_threads;
-                if capped {
+                if plan.eval_alive < plan.eval_threads {
                     eprintln!(
                         "[eval] {} batches of {} rows side by side, not {}: more would not fit \
                          {} ({})",
@@ -172,7 +174,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
                         gib(dev.bytes)
                     );
                 }
-                (plan.keep_attention, capped.then_some(plan.eval_alive))
+                (plan.keep_attention, Some(plan.eval_alive))
             }
             None => (true, None),
         };
@@ -357,8 +359,8 @@ struct Trainer<'a> {
     /// With recompute, whether the replay reuses the first pass's attention (the memory plan's
     /// choice for the device).
     keep_attention: bool,
-    /// On the CPU, evaluation batches scored side by side where fewer than one per thread fit
-    /// (the memory plan's choice); `None`: one per thread.
+    /// On the CPU, how many evaluation batches are scored side by side (the memory plan's
+    /// count); `None`: one per thread.
     eval_side_by_side: Option<usize>,
     total_steps: u64,
     /// Parameters: (trainable, total).
@@ -936,6 +938,7 @@ impl<'a> Trainer<'a> {
                 cfg.eval.permutations,
                 cfg.train.seed,
                 cfg.eval.batch_size,
+                self.eval_side_by_side,
             )?)
         } else {
             None

@@ -1547,3 +1547,35 @@ fn the_last_layer_at_the_answer_slot_alone_gives_the_full_pass() {
         assert!(rel < tol, "{:?}: relative L2 {rel:e}", model.dtype());
     }
 }
+
+/// The final evaluation scores every validation state, flip rate included, yet runs no more
+/// batches side by side than the plan counts for an evaluation of `max_states`: here 2, in a
+/// pool of 4 threads (before, the final evaluation ran one batch per thread).
+#[test]
+fn the_final_evaluation_runs_the_batches_side_by_side_that_the_plan_counts() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 12);
+    let mut cfg = tiny_run_config(&data, "");
+    cfg.train.max_steps = 1;
+    cfg.eval.batch_size = 1;
+    cfg.eval.max_states = 2;
+    cfg.eval.permutations = 2;
+    let arch = crate::plan::architecture(&cfg).unwrap();
+    let four = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let (planned, rounds, summary) = four.install(|| {
+        let planned = crate::plan::plan(&cfg, &arch).eval_alive;
+        crate::model::score::tests::SIDE_BY_SIDE.with(|s| s.borrow_mut().clear());
+        let summary = train(&cfg, &dir.path().join("run"), &TrainOptions::default()).unwrap();
+        let rounds = crate::model::score::tests::SIDE_BY_SIDE.with(|s| s.borrow().clone());
+        (planned, rounds, summary)
+    });
+    assert_eq!(planned, 2, "the plan's evaluation: 2 states, a batch each");
+    assert!(summary.flip_rate.is_some(), "the flip rate was measured");
+    // The final evaluation and 2 permutations: 3 passes over the validation states.
+    assert!(rounds.len() >= 3 * 2, "rounds {rounds:?}");
+    assert_eq!(rounds.iter().max(), Some(&2), "rounds {rounds:?}");
+}

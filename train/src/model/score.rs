@@ -139,6 +139,8 @@ pub(crate) fn logits_in_batches(
     };
     let mut out: Vec<Vec<f64>> = vec![Vec::new(); encoded.len()];
     for group in chunks.chunks(round) {
+        #[cfg(test)]
+        tests::SIDE_BY_SIDE.with(|s| s.borrow_mut().push(group.len()));
         let results: Vec<Vec<Vec<f64>>> = if parallel {
             group.par_iter().map(score).collect()
         } else {
@@ -155,8 +157,16 @@ pub(crate) fn logits_in_batches(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// The batches of each round, as `logits_in_batches` ran them on this thread: how a
+        /// caller's test sees how many ran side by side.
+        pub(crate) static SIDE_BY_SIDE: std::cell::RefCell<Vec<usize>> = const {
+            std::cell::RefCell::new(Vec::new())
+        };
+    }
 
     /// A round holds one batch per thread, or `side_by_side`: `progress` hears each round's
     /// states; the logits are the same either way.
