@@ -766,6 +766,9 @@ impl<'a> Trainer<'a> {
     /// Score the validation states (the first `[eval] max_states`) at T = 1: an `eval` line in
     /// `metrics.jsonl`.
     fn evaluate(&mut self) -> Result<()> {
+        // The step's freed buffers go back before the evaluation's differently sized ones, and
+        // the evaluation's before the next step (see `release_freed`).
+        crate::model::host_memory::release_freed();
         let eval_model = DecisionModel {
             model: self.model.valid(),
             ..clone_shell(&self.dm)
@@ -784,6 +787,8 @@ impl<'a> Trainer<'a> {
         let r = Report::new(&scored, &|_| 1.0);
         let vloss = crate::eval::mean_loss(&scored, states, self.weights);
         self.sample_gpu_memory();
+        drop(eval_model);
+        crate::model::host_memory::release_freed();
         let line = serde_json::json!({
             "kind": "eval", "step": self.state.step, "split": "valid", "n": r.overall.n,
             "accuracy": r.overall.accuracy, "nll": r.overall.nll, "brier": r.overall.brier,
@@ -856,6 +861,8 @@ impl<'a> Trainer<'a> {
             return Ok(self.summary(nothing, tokens_per_s, true));
         }
 
+        // The steps' freed buffers go back before the merge and the final evaluation.
+        crate::model::host_memory::release_freed();
         let (model, adapter) = match &self.lspec {
             Some(spec) => {
                 let adapter = lora::peft(&self.model, spec, &base_ref(self.cfg))?;
