@@ -21,6 +21,55 @@ use crate::model::backend::{self, Backend, Precision};
 use crate::model::config::Qwen3Config;
 use crate::run_config::{Mode, RunConfig};
 
+/// What an untaped forward pass (an evaluation, `decision score`) holds at its widest point, the
+/// MLP of a layer with `hidden` and `intermediate` widths, for `tokens` tokens of a batch: per
+/// token the layer's input, its norm and the residual, three intermediate-sized products alive at
+/// once (f32), and a 16-bit base's copies of the two products' inputs in its dtype (`width`
+/// bytes). Measured with `decision score` at the 0.6B shape: 57 KB a token (docs/results.md).
+pub(crate) fn eval_batch_bytes(hidden: u64, intermediate: u64, width: u64, tokens: u64) -> u64 {
+    let cast = if width == 4 {
+        0
+    } else {
+        (hidden + intermediate) * width
+    };
+    tokens * ((3 * hidden + 3 * intermediate) * 4 + cast)
+}
+
+/// How many scoring batches of `batch_bytes` each to run side by side on the CPU: one per
+/// thread, or as many as `free` bytes hold where that is fewer (at least one).
+pub(crate) fn batches_that_fit(batch_bytes: u64, free: u64, threads: usize) -> usize {
+    let fit = free / batch_bytes.max(1);
+    (fit.min(threads as u64) as usize).max(1)
+}
+
+/// The host memory a scoring pass may still take, and where that figure comes from: with
+/// `DECISION_DEVICE_MEMORY`, that budget less what the process holds now (the loaded model among
+/// it); otherwise the system's `MemAvailable`. `None` where neither can be read.
+pub(crate) fn host_memory_free() -> Option<(u64, String)> {
+    if let Ok(v) = std::env::var("DECISION_DEVICE_MEMORY") {
+        let gib: f64 = v.trim().parse().ok().filter(|g: &f64| *g > 0.0)?;
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        // SAFETY: sysconf only reads a constant of the system.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        let budget = (gib * (1u64 << 30) as f64) as u64;
+        return Some((
+            budget.saturating_sub(pages * page),
+            "DECISION_DEVICE_MEMORY, less what the process holds".into(),
+        ));
+    }
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((kb * 1024, "the RAM available".into()))
+}
+
 /// The process besides its tensors: binary, tokenizer, states, thread pool. Measured: a tiny
 /// run at batch 1 peaked at 133 MB with 92 MB of planned tensors.
 pub(crate) const RUNTIME: u64 = 48 << 20;
@@ -284,9 +333,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let finish = merged + trainable_state + largest * (4 + w);
     let largest_buffer = largest_buffer(cfg, arch, b, w, tokens_train);
     // Evaluation (every `eval_every` steps and at the end), untaped, `[eval] batch_size` rows
-    // at a time (no more than `max_states`): per token, at the MLP, the layer's input, its norm
-    // and the residual, three intermediate-sized products alive at once (f32), and a 16-bit
-    // base's copies of the two products' inputs in its dtype. On the CPU a batch per thread runs
+    // at a time (no more than `max_states`; `eval_batch_bytes`). On the CPU a batch per thread runs
     // side by side (`crate::model::score::logits_in_batches`), its attention in small tiles; on
     // a GPU one batch at a time, with the attention core's blocks of scores (`Attention::core`:
     // three of at most SCORE_BLOCK).
@@ -296,7 +343,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     }
     .max(1);
     let rows = eval_rows as u64;
-    let eval_layer = rows * s * ((3 * h + 3 * i) * 4 + cast(h + i));
+    let eval_layer = eval_batch_bytes(h, i, w, rows * s);
     let (eval_alive, evaluation) = if cfg.train.backend == Backend::Cpu {
         let batches = match cfg.eval.max_states {
             0 => u64::MAX,

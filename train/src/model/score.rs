@@ -107,13 +107,52 @@ pub(crate) fn length_order(encoded: &[Encoded]) -> Vec<usize> {
     order
 }
 
+/// Without a memory plan (`decision score`, `decision eval`), how many batches of `batch_size`
+/// run side by side: one per thread, or as many as the host memory still `free` holds
+/// (`crate::plan::eval_batch_bytes` of the longest prompt, the model's widths and dtype), said
+/// on stderr where that is fewer. At the 4B a batch of 32 rows of 1000 tokens holds 5.5 GB, so
+/// one per thread on 16 cores would need 88 GB.
+fn batches_that_fit(
+    model: &Qwen3,
+    encoded: &[Encoded],
+    batch_size: usize,
+    threads: usize,
+    free: Option<(u64, String)>,
+) -> usize {
+    let (Some(layer), Some((free, what))) = (model.model.layers.first(), free) else {
+        return threads;
+    };
+    let hidden = model.model.embed_tokens.weight.dims()[1] as u64;
+    let intermediate = layer.mlp.gate_proj.dims()[1] as u64;
+    let width = model.dtype().size() as u64;
+    let longest = encoded.iter().map(|e| e.input_ids.len()).max().unwrap_or(0);
+    let rows = batch_size.max(1).min(encoded.len()).max(1);
+    let batch = crate::plan::eval_batch_bytes(hidden, intermediate, width, (rows * longest) as u64);
+    let n = crate::plan::batches_that_fit(batch, free, threads);
+    if n < threads {
+        let batches = if n == 1 { "batch" } else { "batches" };
+        eprintln!(
+            "[score] {n} {batches} of {rows} rows side by side, not {threads}: each holds up to {} \
+             and {what} is {}{}",
+            crate::plan::gib(batch),
+            crate::plan::gib(free),
+            if batch > free {
+                "; a smaller --batch-size would fit"
+            } else {
+                ""
+            }
+        );
+    }
+    n
+}
+
 /// The raw label logits of every state, in input order: batches of `batch_size` states of
 /// similar length; `progress` is told how many states each finished round of batches held.
 ///
 /// On the CPU one forward pass keeps about one core busy on small shapes, so a round runs as
 /// many batches side by side as the thread pool has threads, or `side_by_side` where the memory
-/// plan fits fewer (each row's logits do not depend on its batch, so the result is the same); on
-/// a GPU batches go one after another.
+/// plan fits fewer, or (`None`) as many as the free memory holds (each row's logits do not depend
+/// on its batch, so the result is the same); on a GPU batches go one after another.
 pub(crate) fn logits_in_batches(
     model: &Qwen3,
     encoded: &[Encoded],
@@ -126,12 +165,17 @@ pub(crate) fn logits_in_batches(
     let order = length_order(encoded);
     let chunks: Vec<&[usize]> = order.chunks(batch_size.max(1)).collect();
     let parallel = model.device() == burn::tensor::Device::flex();
-    let round = if parallel {
-        rayon::current_num_threads()
-            .min(side_by_side.unwrap_or(usize::MAX))
-            .max(1)
-    } else {
-        1
+    let threads = rayon::current_num_threads().max(1);
+    let round = match (parallel, side_by_side) {
+        (false, _) => 1,
+        (true, Some(n)) => threads.min(n).max(1),
+        (true, None) => batches_that_fit(
+            model,
+            encoded,
+            batch_size,
+            threads,
+            crate::plan::host_memory_free(),
+        ),
     };
     let score = |chunk: &&[usize]| {
         let batch: Vec<&Encoded> = chunk.iter().map(|&i| &encoded[i]).collect();
@@ -152,6 +196,12 @@ pub(crate) fn logits_in_batches(
             }
         }
         progress(group.iter().map(|c| c.len()).sum());
+        // Each thread allocates from an arena of its own, and keeps what it frees there: a next
+        // round that runs on other threads than the last would hold its memory on top of what
+        // the last round freed. Where memory is what limits the round, it goes back first.
+        if round < threads {
+            crate::model::host_memory::release_freed();
+        }
     }
     out
 }
@@ -205,6 +255,33 @@ pub(crate) mod tests {
                 assert!((a - b).abs() < 1e-5, "{a} {b}");
             }
         }
+    }
+
+    /// Without a plan, as many batches side by side as the free memory holds: a batch here is
+    /// 2 rows of the longest prompt (7 tokens) at the tiny model's widths (16, 24) in f32, 6 720
+    /// bytes (`plan::eval_batch_bytes`, whose per-token count docs/results.md measured).
+    #[test]
+    fn without_a_plan_batches_run_side_by_side_as_the_free_memory_holds() {
+        let device = burn::tensor::Device::flex();
+        let model =
+            crate::model::qwen3::init_random(&crate::trainer_tests::tiny_config(32), 0.2, &device);
+        let encoded: Vec<Encoded> = (0..8u32)
+            .map(|i| Encoded {
+                input_ids: (0..5 + i % 3).map(|t| t + 2).collect(),
+                option_token_ids: vec![20, 21, 22],
+                truncated: false,
+                dropped_context_bytes: 0,
+            })
+            .collect();
+        let batch = 2 * 7 * (3 * 16 + 3 * 24) * 4;
+        let fit = |free: Option<u64>| {
+            batches_that_fit(&model, &encoded, 2, 4, free.map(|f| (f, "a test".into())))
+        };
+        assert_eq!(fit(None), 4, "memory unknown: one per thread");
+        assert_eq!(fit(Some(100 * batch)), 4, "no more than one per thread");
+        assert_eq!(fit(Some(3 * batch - 1)), 2);
+        assert_eq!(fit(Some(3 * batch)), 3);
+        assert_eq!(fit(Some(0)), 1, "one batch runs whatever the memory");
     }
 
     #[test]
