@@ -340,6 +340,27 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
     };
     println!("{name} on {data_name} (split {}):", args.split);
     print!("{}", table(&report));
+    // The receipts need only the model's temperatures: they are made now, and the model goes
+    // before a baseline loads (two 4B models at once would hold 16 GB).
+    let mut wrote = None;
+    if let (Some(path), Some(slot)) = (&args.receipts, receipts_file) {
+        let at = crate::receipts::now_rfc3339();
+        let receipts: Vec<_> = states
+            .iter()
+            .zip(&scored)
+            .map(|(st, sc)| {
+                crate::receipts::shadow_receipt(
+                    st,
+                    &sc.probs(loaded.dm.temperature(&st.point) as f32),
+                    &name,
+                    &at,
+                )
+            })
+            .collect();
+        crate::receipts::write_receipts_to(staged.get(slot), &receipts)?;
+        wrote = Some((receipts.len(), path));
+    }
+    drop(loaded);
     if let Some(b) = &args.baseline {
         let base = run_folder::load("--baseline", b, args.backend)?;
         let (base_report, _) = evaluate(
@@ -359,24 +380,6 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
             report: base_report,
             baseline: None,
         }));
-    }
-    let mut wrote = None;
-    if let (Some(path), Some(slot)) = (&args.receipts, receipts_file) {
-        let at = crate::receipts::now_rfc3339();
-        let receipts: Vec<_> = states
-            .iter()
-            .zip(&scored)
-            .map(|(st, sc)| {
-                crate::receipts::shadow_receipt(
-                    st,
-                    &sc.probs(loaded.dm.temperature(&st.point) as f32),
-                    &name,
-                    &at,
-                )
-            })
-            .collect();
-        crate::receipts::write_receipts_to(staged.get(slot), &receipts)?;
-        wrote = Some((receipts.len(), path));
     }
     if let Some(slot) = report_file {
         let mut json = serde_json::to_vec_pretty(&out)?;
