@@ -5,29 +5,16 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{decision_in, text};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(rel)
-}
-
-fn decision_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_decision"))
-        .current_dir(dir)
-        .env("HF_HUB_OFFLINE", "1")
-        .args(args)
-        .output()
-        .expect("run decision")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Exit 2, and the message names every flag of `flags`.

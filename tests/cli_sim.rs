@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "support/cli.rs"]
+mod cli;
+
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -12,20 +15,7 @@ fn root() -> PathBuf {
 }
 
 fn decision(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_decision"))
-        .current_dir(root())
-        .env("HF_HUB_OFFLINE", "1")
-        .args(args)
-        .output()
-        .expect("run decision");
-    assert!(
-        out.status.success(),
-        "decision {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    cli::decision_ok(&root(), args)
 }
 
 fn s(p: &Path) -> &str {

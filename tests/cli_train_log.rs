@@ -2,28 +2,16 @@
 //! lines what a terminal sees as a bar: what was set up, and each logged step's loss and rate.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn decision_in(dir: &Path, args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_decision"))
-        .current_dir(dir)
-        .env("HF_HUB_OFFLINE", "1")
-        .args(args)
-        .output()
-        .expect("run decision");
-    assert!(
-        o.status.success(),
-        "decision {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::decision_ok;
 
 #[test]
 fn a_run_without_a_terminal_logs_its_steps_in_lines() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    decision_in(
+    decision_ok(
         d,
         &[
             "gen",
@@ -71,7 +59,7 @@ max_states = 4
         ),
     )
     .unwrap();
-    let o = decision_in(d, &["train", "--config", "run.toml", "--out", "run"]);
+    let o = decision_ok(d, &["train", "--config", "run.toml", "--out", "run"]);
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err.lines().collect();
 
