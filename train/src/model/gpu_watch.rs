@@ -25,22 +25,36 @@ static INSTALL: Once = Once::new();
 /// The status a runtime thread's failure ends the process with: `decision`'s status for errors.
 pub(crate) const EXIT_STATUS: i32 = 2;
 
-/// From now on, a panic on an unnamed thread ends the process (after the panic's usual report)
-/// with an error saying why. Once per process; later calls do nothing.
+/// From now on, a panic on an unnamed thread ends the process with an error saying why. Once per
+/// process; later calls do nothing.
+///
+/// While an explanation is in place ([`explain_with`]: a training run), a panic that will be
+/// explained is not also reported raw (`thread '…' panicked at …`, a source path inside the
+/// runtime), unless `RUST_BACKTRACE` asks for that report: an unnamed thread's, explained here,
+/// and a GPU failure on a named thread ([`GpuFailure`]), which reaches the run that catches it.
+/// Any other panic keeps its usual report.
+///
+/// [`GpuFailure`]: crate::model::backend::GpuFailure
 pub(crate) fn install() {
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            previous(info);
-            if std::thread::current().name().is_some() {
-                return;
-            }
             let payload = info.payload();
             let message = payload
                 .downcast_ref::<String>()
                 .map(String::as_str)
                 .or_else(|| payload.downcast_ref::<&str>().copied())
                 .unwrap_or("a thread of the GPU runtime panicked");
+            let unnamed = std::thread::current().name().is_none();
+            let explaining = EXPLAIN.lock().is_ok_and(|explain| explain.is_some());
+            let explained_later =
+                explaining && (unnamed || crate::model::backend::GpuFailure::of(message).is_some());
+            if !explained_later || std::env::var_os("RUST_BACKTRACE").is_some() {
+                previous(info);
+            }
+            if !unnamed {
+                return;
+            }
             let explained = EXPLAIN
                 .lock()
                 .ok()
@@ -104,6 +118,12 @@ mod tests {
                 .join();
             assert!(named.is_err());
             println!("the named thread's panic was left to its owner");
+            let failed_run = std::thread::Builder::new()
+                .name("run".into())
+                .spawn(|| panic!("can't allocate buffer of size: 622329856"))
+                .unwrap()
+                .join();
+            assert!(failed_run.is_err());
             std::thread::spawn(|| {
                 panic!("Could not lock adapter context. This is most-likely a deadlock.")
             });
@@ -114,6 +134,7 @@ mod tests {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
+            .env_remove("RUST_BACKTRACE")
             .output()
             .unwrap();
         let (stdout, stderr) = (
@@ -133,6 +154,11 @@ mod tests {
             ),
             "{stderr}"
         );
+        // Reported raw: the device task's panic, which nothing here explains. Not: the GPU
+        // failure that the run explains, nor the unnamed thread's, explained above.
+        assert!(stderr.contains("thread 'DSD-0-0'"), "{stderr}");
+        assert!(!stderr.contains("thread 'run'"), "{stderr}");
+        assert!(!stderr.contains("thread '<unnamed>'"), "{stderr}");
     }
 
     #[test]
