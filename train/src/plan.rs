@@ -42,6 +42,32 @@ pub(crate) fn batches_that_fit(batch_bytes: u64, free: u64, threads: usize) -> u
     (fit.min(threads as u64) as usize).max(1)
 }
 
+/// Rows of `tokens` tokens that one scoring batch on a GPU holds in `free` bytes: at most
+/// `batch_size`, at least one. Per row, `eval_batch_bytes`; beside them the attention's three
+/// blocks of scores (`heads x tokens²` a row, each block at most `score_block` scores); and no
+/// MLP activation `[rows, tokens, intermediate]` in f32 past the `largest` buffer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gpu_rows_that_fit(
+    hidden: u64,
+    intermediate: u64,
+    heads: u64,
+    width: u64,
+    tokens: u64,
+    batch_size: usize,
+    free: u64,
+    largest: u64,
+    score_block: u64,
+) -> usize {
+    let need = |rows: u64| {
+        eval_batch_bytes(hidden, intermediate, width, rows * tokens)
+            + 3 * 4 * score_block.min(rows * heads * tokens * tokens)
+    };
+    (1..=batch_size.max(1) as u64)
+        .rev()
+        .find(|&rows| need(rows) <= free && rows * tokens * intermediate * 4 <= largest)
+        .unwrap_or(1) as usize
+}
+
 /// The host memory a scoring pass may still take, and where that figure comes from: with
 /// `DECISION_DEVICE_MEMORY`, that budget less what the process holds now (the loaded model among
 /// it); otherwise the system's `MemAvailable`. `None` where neither can be read.
@@ -867,6 +893,38 @@ mod tests {
         let cfg = RunConfig::parse(text, &sets).unwrap();
         let p = plan(&cfg, &four_b_arch());
         (cfg, p)
+    }
+
+    /// Scoring on a GPU without a plan (`decision score`, `decision eval`) takes as many rows a
+    /// batch as the free memory holds, counted as the plan counts the 4B config's evaluation (4
+    /// rows of 2048 tokens, f16 on Vulkan): that evaluation's bytes hold its 4 rows and no more.
+    #[test]
+    fn scoring_on_a_gpu_takes_the_rows_a_batch_that_fit() {
+        let (cfg, p) = four_b(&["train.backend=wgpu", "train.dtype=f16"]);
+        let a = four_b_arch();
+        assert_eq!(cfg.eval.batch_size, 4);
+        let block = crate::recompute::SCORE_BLOCK as u64;
+        let fit = |batch: usize, free: u64, largest: u64| {
+            gpu_rows_that_fit(
+                a.hidden_size as u64,
+                a.intermediate_size as u64,
+                a.num_attention_heads as u64,
+                2,
+                cfg.data.max_tokens as u64,
+                batch,
+                free,
+                largest,
+                block,
+            )
+        };
+        let big = 4 << 30;
+        assert_eq!(fit(32, p.evaluation, big), 4);
+        assert_eq!(fit(32, p.evaluation - 1, big), 3);
+        assert_eq!(fit(3, p.evaluation, big), 3, "no more than asked for");
+        assert_eq!(fit(32, 0, big), 1, "one row runs whatever the memory");
+        // an MLP activation of a row is 2048 x 9728 x 4 bytes (76 MiB): 128 MiB buffers take one
+        assert_eq!(fit(32, 1 << 40, 128 << 20), 1);
+        assert_eq!(fit(32, 1 << 40, big), 32);
     }
 
     /// On the CPU an evaluation runs a batch per thread side by side. Where that is what does not

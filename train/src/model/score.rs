@@ -146,13 +146,63 @@ fn batches_that_fit(
     n
 }
 
+/// On a GPU, where batches go one at a time, the rows a batch takes: `batch_size`, or as many as
+/// the device's memory beside what the runtime holds already (`crate::plan::gpu_rows_that_fit`;
+/// `DECISION_DEVICE_MEMORY` stands for the device's memory where set), said on stderr where that
+/// is fewer. The logits are the same whatever the rows.
+fn gpu_rows_that_fit(model: &Qwen3, encoded: &[Encoded], batch_size: usize) -> usize {
+    let device = model.device();
+    let (Some(layer), Ok(Some(limit)), Some(held), Some(largest)) = (
+        model.model.layers.first(),
+        crate::plan::device_limit(crate::Backend::Wgpu, &device),
+        crate::model::backend::gpu_memory(&device),
+        crate::model::backend::largest_buffer(&device),
+    ) else {
+        return batch_size;
+    };
+    let free = limit.bytes.saturating_sub(held.reserved);
+    let longest = encoded.iter().map(|e| e.input_ids.len()).max().unwrap_or(0) as u64;
+    let (hidden, intermediate) = (
+        model.model.embed_tokens.weight.dims()[1] as u64,
+        layer.mlp.gate_proj.dims()[1] as u64,
+    );
+    let rows = crate::plan::gpu_rows_that_fit(
+        hidden,
+        intermediate,
+        layer.self_attn.num_heads as u64,
+        model.dtype().size() as u64,
+        longest,
+        batch_size,
+        free,
+        largest,
+        crate::model::qwen3::score_budget(&device) as u64,
+    );
+    if rows < batch_size.min(encoded.len()) {
+        let of = if rows == 1 {
+            "1 row".to_string()
+        } else {
+            format!("{rows} rows")
+        };
+        eprintln!(
+            "[score] batches of {of}, not {batch_size}: the prompts run to {longest} \
+             tokens, and {} ({}) has {} free beside the {} the runtime holds",
+            limit.what,
+            crate::plan::gib(limit.bytes),
+            crate::plan::gib(free),
+            crate::plan::gib(held.reserved),
+        );
+    }
+    rows
+}
+
 /// The raw label logits of every state, in input order: batches of `batch_size` states of
 /// similar length; `progress` is told how many states each finished round of batches held.
 ///
 /// On the CPU one forward pass keeps about one core busy on small shapes, so a round runs as
 /// many batches side by side as the thread pool has threads, or `side_by_side` where the memory
-/// plan fits fewer, or (`None`) as many as the free memory holds (each row's logits do not depend
-/// on its batch, so the result is the same); on a GPU batches go one after another.
+/// plan fits fewer, or (`None`: no plan) as many as the free memory holds. On a GPU batches go one
+/// after another, and without a plan each takes no more rows than the free memory holds. Each
+/// row's logits do not depend on its batch, so the result is the same.
 pub(crate) fn logits_in_batches(
     model: &Qwen3,
     encoded: &[Encoded],
@@ -163,8 +213,14 @@ pub(crate) fn logits_in_batches(
 ) -> Vec<Vec<f64>> {
     use rayon::prelude::*;
     let order = length_order(encoded);
-    let chunks: Vec<&[usize]> = order.chunks(batch_size.max(1)).collect();
     let parallel = model.device() == burn::tensor::Device::flex();
+    // A memory plan (`side_by_side`) has sized the batches already.
+    let batch_size = if parallel || side_by_side.is_some() {
+        batch_size.max(1)
+    } else {
+        gpu_rows_that_fit(model, encoded, batch_size.max(1))
+    };
+    let chunks: Vec<&[usize]> = order.chunks(batch_size).collect();
     let threads = rayon::current_num_threads().max(1);
     let round = match (parallel, side_by_side) {
         (false, _) => 1,
