@@ -146,21 +146,85 @@ fn batches_that_fit(
     n
 }
 
+/// `work`, scoring with `model` in batches of `batch_size`, where a failure of the GPU runtime
+/// (which panics: memory exhausted, a lost device, a kernel it cannot run) becomes an error that
+/// says which, on what adapter, and what to change. On the CPU, and for any other panic, `work`
+/// runs as it is.
+pub(crate) fn explaining_gpu_failures<T>(
+    model: &Qwen3,
+    batch_size: usize,
+    work: impl FnOnce() -> T,
+) -> anyhow::Result<T> {
+    if model.device() == burn::tensor::Device::flex() {
+        return Ok(work());
+    }
+    let dtype = format!("{:?}", model.dtype()).to_lowercase();
+    explaining_gpu_failures_in(&dtype, batch_size, work)
+}
+
+/// [`explaining_gpu_failures`] on a GPU, for a model in `dtype`.
+fn explaining_gpu_failures_in<T>(
+    dtype: &str,
+    batch_size: usize,
+    work: impl FnOnce() -> T,
+) -> anyhow::Result<T> {
+    use crate::model::backend::{GpuFailure, panic_text, wgpu_adapter};
+    let on = wgpu_adapter().map_or_else(String::new, |a| format!(" ({})", a.short()));
+    let dtype = dtype.to_string();
+    let explain = move |failure: Option<GpuFailure>, message: &str| {
+        let what = match failure {
+            Some(GpuFailure::OutOfMemory) => format!(
+                "the GPU{on} ran out of memory scoring batches of up to {batch_size} rows; lower \
+                 --batch-size, or score with --backend cpu"
+            ),
+            Some(GpuFailure::DeviceLost) => format!(
+                "the GPU{on} was lost (a driver reset, a hang or a fault) while scoring; check the \
+                 driver's log; a smaller --batch-size (now {batch_size}) shortens each kernel"
+            ),
+            Some(GpuFailure::Kernel) => format!(
+                "the GPU{on} could not compile or run a scoring kernel in {dtype}; try --dtype \
+                 f32, or --backend cpu"
+            ),
+            None => format!("a thread of the GPU{on}'s runtime failed while scoring"),
+        };
+        format!("{what}. The runtime said: {}", message.trim())
+    };
+    let _explaining = {
+        let explain = explain.clone();
+        crate::model::gpu_watch::explain_with(move |m| explain(GpuFailure::of(m), m))
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(result) => Ok(result),
+        Err(panic) => {
+            let message = panic_text(&panic);
+            match GpuFailure::of(&message) {
+                Some(failure) => Err(anyhow::anyhow!(explain(Some(failure), &message))),
+                None => std::panic::resume_unwind(panic),
+            }
+        }
+    }
+}
+
 /// On a GPU, where batches go one at a time, the rows a batch takes: `batch_size`, or as many as
 /// the device's memory beside what the runtime holds already (`crate::plan::gpu_rows_that_fit`;
 /// `DECISION_DEVICE_MEMORY` stands for the device's memory where set), said on stderr where that
 /// is fewer. The logits are the same whatever the rows.
 fn gpu_rows_that_fit(model: &Qwen3, encoded: &[Encoded], batch_size: usize) -> usize {
     let device = model.device();
-    let (Some(layer), Ok(Some(limit)), Some(held), Some(largest)) = (
+    let (Some(layer), Some(held), Some(largest)) = (
         model.model.layers.first(),
-        crate::plan::device_limit(crate::Backend::Wgpu, &device),
         crate::model::backend::gpu_memory(&device),
         crate::model::backend::largest_buffer(&device),
     ) else {
         return batch_size;
     };
-    let free = limit.bytes.saturating_sub(held.reserved);
+    // A device that does not report its memory still has a largest buffer.
+    let limit = crate::plan::device_limit(crate::Backend::Wgpu, &device)
+        .ok()
+        .flatten();
+    let free = limit
+        .as_ref()
+        .map_or(u64::MAX, |l| l.bytes.saturating_sub(held.reserved));
     let longest = encoded.iter().map(|e| e.input_ids.len()).max().unwrap_or(0) as u64;
     let (hidden, intermediate) = (
         model.model.embed_tokens.weight.dims()[1] as u64,
@@ -183,13 +247,22 @@ fn gpu_rows_that_fit(model: &Qwen3, encoded: &[Encoded], batch_size: usize) -> u
         } else {
             format!("{rows} rows")
         };
+        let room = match &limit {
+            Some(l) => format!(
+                "{} ({}) has {} free beside the {} the runtime holds",
+                l.what,
+                crate::plan::gib(l.bytes),
+                crate::plan::gib(free),
+                crate::plan::gib(held.reserved)
+            ),
+            None => format!(
+                "the adapter's buffers hold at most {}",
+                crate::plan::gib(largest)
+            ),
+        };
         eprintln!(
-            "[score] batches of {of}, not {batch_size}: the prompts run to {longest} \
-             tokens, and {} ({}) has {} free beside the {} the runtime holds",
-            limit.what,
-            crate::plan::gib(limit.bytes),
-            crate::plan::gib(free),
-            crate::plan::gib(held.reserved),
+            "[score] batches of {of}, not {batch_size}: the prompts run to {longest} tokens, and \
+             {room}"
         );
     }
     rows
@@ -338,6 +411,38 @@ pub(crate) mod tests {
         assert_eq!(fit(Some(3 * batch - 1)), 2);
         assert_eq!(fit(Some(3 * batch)), 3);
         assert_eq!(fit(Some(0)), 1, "one batch runs whatever the memory");
+    }
+
+    /// A GPU runtime's failure while scoring is an error naming it and what to change; any other
+    /// panic stays a panic.
+    #[test]
+    fn a_gpu_failure_while_scoring_says_what_to_change() {
+        let e = explaining_gpu_failures_in("f16", 32, || -> usize {
+            panic!("can't allocate buffer of size: 622329856")
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("ran out of memory scoring batches of up to 32 rows; lower --batch-size"),
+            "{e}"
+        );
+        assert!(e.ends_with("The runtime said: can't allocate buffer of size: 622329856"));
+        let e = explaining_gpu_failures_in("f16", 32, || -> usize { panic!("SPIR-V compile") })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a scoring kernel in f16; try --dtype f32"),
+            "{e}"
+        );
+        assert_eq!(
+            explaining_gpu_failures_in("f16", 32, || 7).unwrap(),
+            7,
+            "no failure, the answer"
+        );
+        let other = std::panic::catch_unwind(|| {
+            explaining_gpu_failures_in("f16", 32, || -> usize { panic!("index out of bounds") })
+        });
+        assert!(other.is_err(), "not a GPU failure: the panic goes on");
     }
 
     #[test]
