@@ -66,7 +66,7 @@ pub fn score(args: ScoreArgs) -> Result<ExitCode> {
     let bar = decision_data::progress::bar(Some(states.len() as u64), "states");
     let t0 = Instant::now();
     let scores =
-        crate::model::score::explaining_gpu_failures(&model.model, args.batch_size, || {
+        crate::model::gpu_watch::explaining_gpu_failures(&model.model, args.batch_size, || {
             model.score_encoded(&encoded, &points, args.batch_size, &mut |n| {
                 bar.inc(n as u64)
             })
@@ -325,8 +325,10 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
             states.len()
         );
     }
-    let (report, scored) =
-        crate::model::score::explaining_gpu_failures(&loaded.dm.model, args.batch_size, || {
+    let (report, scored) = crate::model::gpu_watch::explaining_gpu_failures(
+        &loaded.dm.model,
+        args.batch_size,
+        || {
             evaluate(
                 &loaded.dm,
                 &states,
@@ -334,7 +336,8 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
                 args.seed,
                 args.batch_size,
             )
-        })??;
+        },
+    )??;
     let name = args.name.clone().unwrap_or_else(|| loaded.name.clone());
     let mut out = EvalReport {
         schema: "decision-eval/1".into(),
@@ -369,8 +372,10 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
     drop(loaded);
     if let Some(b) = &args.baseline {
         let base = run_folder::load("--baseline", b, args.backend)?;
-        let (base_report, _) =
-            crate::model::score::explaining_gpu_failures(&base.dm.model, args.batch_size, || {
+        let (base_report, _) = crate::model::gpu_watch::explaining_gpu_failures(
+            &base.dm.model,
+            args.batch_size,
+            || {
                 evaluate(
                     &base.dm,
                     &states,
@@ -378,7 +383,8 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
                     args.seed,
                     args.batch_size,
                 )
-            })??;
+            },
+        )??;
         println!("\n{name} against baseline {}:", base.name);
         print!("{}", comparison(&report, &base_report));
         out.baseline = Some(Box::new(EvalReport {

@@ -146,65 +146,6 @@ fn batches_that_fit(
     n
 }
 
-/// `work`, scoring with `model` in batches of `batch_size`, where a failure of the GPU runtime
-/// (which panics: memory exhausted, a lost device, a kernel it cannot run) becomes an error that
-/// says which, on what adapter, and what to change. On the CPU, and for any other panic, `work`
-/// runs as it is.
-pub(crate) fn explaining_gpu_failures<T>(
-    model: &Qwen3,
-    batch_size: usize,
-    work: impl FnOnce() -> T,
-) -> anyhow::Result<T> {
-    if model.device() == burn::tensor::Device::flex() {
-        return Ok(work());
-    }
-    let dtype = format!("{:?}", model.dtype()).to_lowercase();
-    explaining_gpu_failures_in(&dtype, batch_size, work)
-}
-
-/// [`explaining_gpu_failures`] on a GPU, for a model in `dtype`.
-fn explaining_gpu_failures_in<T>(
-    dtype: &str,
-    batch_size: usize,
-    work: impl FnOnce() -> T,
-) -> anyhow::Result<T> {
-    use crate::model::backend::{GpuFailure, panic_text, wgpu_adapter};
-    let on = wgpu_adapter().map_or_else(String::new, |a| format!(" ({})", a.short()));
-    let dtype = dtype.to_string();
-    let explain = move |failure: Option<GpuFailure>, message: &str| {
-        let what = match failure {
-            Some(GpuFailure::OutOfMemory) => format!(
-                "the GPU{on} ran out of memory scoring batches of up to {batch_size} rows; lower \
-                 --batch-size, or score with --backend cpu"
-            ),
-            Some(GpuFailure::DeviceLost) => format!(
-                "the GPU{on} was lost (a driver reset, a hang or a fault) while scoring; check the \
-                 driver's log; a smaller --batch-size (now {batch_size}) shortens each kernel"
-            ),
-            Some(GpuFailure::Kernel) => format!(
-                "the GPU{on} could not compile or run a scoring kernel in {dtype}; try --dtype \
-                 f32, or --backend cpu"
-            ),
-            None => format!("a thread of the GPU{on}'s runtime failed while scoring"),
-        };
-        format!("{what}. The runtime said: {}", message.trim())
-    };
-    let _explaining = {
-        let explain = explain.clone();
-        crate::model::gpu_watch::explain_with(move |m| explain(GpuFailure::of(m), m))
-    };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-        Ok(result) => Ok(result),
-        Err(panic) => {
-            let message = panic_text(&panic);
-            match GpuFailure::of(&message) {
-                Some(failure) => Err(anyhow::anyhow!(explain(Some(failure), &message))),
-                None => std::panic::resume_unwind(panic),
-            }
-        }
-    }
-}
-
 /// On a GPU, where batches go one at a time, the rows a batch takes: `batch_size`, or as many as
 /// the device's memory beside what the runtime holds already (`crate::plan::gpu_rows_that_fit`;
 /// `DECISION_DEVICE_MEMORY` stands for the device's memory where set), said on stderr where that
@@ -328,7 +269,7 @@ pub(crate) fn logits_in_batches(
         // Each thread allocates from an arena of its own, and keeps what it frees there: a next
         // round that runs on other threads than the last would hold its memory on top of what
         // the last round freed. Where memory is what limits the round, it goes back first.
-        if round < threads {
+        if parallel && round < threads {
             crate::model::host_memory::release_freed();
         }
     }
@@ -411,38 +352,6 @@ pub(crate) mod tests {
         assert_eq!(fit(Some(3 * batch - 1)), 2);
         assert_eq!(fit(Some(3 * batch)), 3);
         assert_eq!(fit(Some(0)), 1, "one batch runs whatever the memory");
-    }
-
-    /// A GPU runtime's failure while scoring is an error naming it and what to change; any other
-    /// panic stays a panic.
-    #[test]
-    fn a_gpu_failure_while_scoring_says_what_to_change() {
-        let e = explaining_gpu_failures_in("f16", 32, || -> usize {
-            panic!("can't allocate buffer of size: 622329856")
-        })
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("ran out of memory scoring batches of up to 32 rows; lower --batch-size"),
-            "{e}"
-        );
-        assert!(e.ends_with("The runtime said: can't allocate buffer of size: 622329856"));
-        let e = explaining_gpu_failures_in("f16", 32, || -> usize { panic!("SPIR-V compile") })
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("a scoring kernel in f16; try --dtype f32"),
-            "{e}"
-        );
-        assert_eq!(
-            explaining_gpu_failures_in("f16", 32, || 7).unwrap(),
-            7,
-            "no failure, the answer"
-        );
-        let other = std::panic::catch_unwind(|| {
-            explaining_gpu_failures_in("f16", 32, || -> usize { panic!("index out of bounds") })
-        });
-        assert!(other.is_err(), "not a GPU failure: the panic goes on");
     }
 
     #[test]
