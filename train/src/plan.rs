@@ -58,9 +58,16 @@ pub(crate) fn gpu_rows_that_fit(
     largest: u64,
     score_block: u64,
 ) -> usize {
-    let need = |rows: u64| {
-        eval_batch_bytes(hidden, intermediate, width, rows * tokens)
-            + 3 * 4 * score_block.min(rows * heads * tokens * tokens)
+    let need = |rows| {
+        gpu_eval_batch_bytes(
+            hidden,
+            intermediate,
+            heads,
+            width,
+            rows,
+            tokens,
+            score_block,
+        )
     };
     (1..=batch_size.max(1) as u64)
         .rev()
@@ -68,17 +75,32 @@ pub(crate) fn gpu_rows_that_fit(
         .unwrap_or(1) as usize
 }
 
+/// A scoring batch of `rows` x `tokens` on a GPU: [`eval_batch_bytes`] and the attention core's
+/// three blocks of f32 scores (`Attention::core`: `heads x tokens²` a row, at most `score_block`
+/// a block).
+fn gpu_eval_batch_bytes(
+    hidden: u64,
+    intermediate: u64,
+    heads: u64,
+    width: u64,
+    rows: u64,
+    tokens: u64,
+    score_block: u64,
+) -> u64 {
+    eval_batch_bytes(hidden, intermediate, width, rows * tokens)
+        + 3 * 4 * score_block.min(rows * heads * tokens * tokens)
+}
+
 /// The host memory a scoring pass may still take, and where that figure comes from: with
 /// `DECISION_DEVICE_MEMORY`, that budget less what the process holds now (the loaded model among
 /// it); otherwise the system's `MemAvailable`. `None` where neither can be read.
 pub(crate) fn host_memory_free() -> Option<(u64, String)> {
-    if let Ok(v) = std::env::var("DECISION_DEVICE_MEMORY") {
-        let gib: f64 = v.trim().parse().ok().filter(|g: &f64| *g > 0.0)?;
+    if let Some(budget) = memory_from_env() {
+        let budget = budget.ok()?;
         let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
         let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
         // SAFETY: sysconf only reads a constant of the system.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-        let budget = (gib * (1u64 << 30) as f64) as u64;
         return Some((
             budget.saturating_sub(pages * page),
             "DECISION_DEVICE_MEMORY, less what the process holds".into(),
@@ -378,8 +400,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         let alive = (threads as u64).min(batches);
         (alive, alive * eval_layer)
     } else {
-        let scores = (crate::recompute::SCORE_BLOCK as u64).min(rows * nh * s * s);
-        (1, eval_layer + 3 * scores * 4)
+        let block = crate::recompute::SCORE_BLOCK as u64;
+        (1, gpu_eval_batch_bytes(h, i, nh, w, rows, s, block))
     };
     let mut p = MemoryPlan {
         seq: s as usize,
@@ -844,24 +866,29 @@ pub(crate) fn describe_source(cfg: &RunConfig, arch: &Qwen3Config) -> Result<Opt
 /// The device memory to plan against: `DECISION_DEVICE_MEMORY` (GiB) when set, else what the
 /// system reports for the backend's `device`.
 pub(crate) fn device_limit(backend: Backend, device: &Device) -> Result<Option<DeviceMemory>> {
-    match std::env::var("DECISION_DEVICE_MEMORY") {
-        Ok(v) => {
-            let gib: f64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|g: &f64| *g > 0.0)
-                .ok_or_else(|| {
-                    anyhow::anyhow!("DECISION_DEVICE_MEMORY={v:?}: expected a size in GiB, e.g. 24")
-                })?;
-            Ok(Some(DeviceMemory {
-                bytes: (gib * (1u64 << 30) as f64) as u64,
-                what: "DECISION_DEVICE_MEMORY".into(),
-                narrowest: backend::supported_precisions(device)[0],
-            }))
-        }
-        Err(_) => Ok(device_memory(backend, device)),
+    match memory_from_env() {
+        Some(bytes) => Ok(Some(DeviceMemory {
+            bytes: bytes?,
+            what: "DECISION_DEVICE_MEMORY".into(),
+            narrowest: backend::supported_precisions(device)[0],
+        })),
+        None => Ok(device_memory(backend, device)),
     }
+}
+
+/// `DECISION_DEVICE_MEMORY` in bytes, where set: a size in GiB.
+fn memory_from_env() -> Option<Result<u64>> {
+    let v = std::env::var("DECISION_DEVICE_MEMORY").ok()?;
+    Some(
+        v.trim()
+            .parse()
+            .ok()
+            .filter(|g: &f64| *g > 0.0)
+            .map(|gib| (gib * (1u64 << 30) as f64) as u64)
+            .ok_or_else(|| {
+                anyhow::anyhow!("DECISION_DEVICE_MEMORY={v:?}: expected a size in GiB, e.g. 24")
+            }),
+    )
 }
 
 #[cfg(test)]
