@@ -21,7 +21,10 @@ pub struct ScoreArgs {
     /// Where to write the scores (JSON Lines, one line per state, in input order).
     #[arg(long)]
     pub out: PathBuf,
-    /// States per forward pass.
+    /// States per forward pass, at most. On the CPU a batch runs per thread side by side, or as
+    /// many as the RAM available holds; on a GPU batches go one at a time, each of no more
+    /// states than the device's memory holds. Either way the scores are the same, and stderr
+    /// says where fewer ran.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
     /// `cpu` (Burn flex) or `wgpu` (Metal / Vulkan).
@@ -105,8 +108,10 @@ pub struct EvalArgs {
     /// Seed of the candidate orders for the flip rate.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// States per forward pass, at most; sized to the memory free as `decision score` does.
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
+    /// `cpu` (Burn flex) or `wgpu` (Metal / Vulkan).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
     /// Write the metrics as JSON here.
