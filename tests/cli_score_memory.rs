@@ -56,24 +56,6 @@ fn score(dir: &Path, backend: &str, out: &str, env: &[(&str, &str)]) -> (String,
     (err, probs)
 }
 
-fn states(dir: &Path) {
-    cli::decision_ok(
-        dir,
-        &[
-            "gen",
-            "states",
-            "--rules",
-            "v1",
-            "--tasks",
-            "4",
-            "--seed",
-            "3",
-            "--out",
-            "states.jsonl",
-        ],
-    );
-}
-
 fn assert_close(a: &[Vec<f64>], b: &[Vec<f64>], tol: f64) {
     assert_eq!(a.len(), b.len());
     assert!(!a.is_empty());
@@ -85,7 +67,7 @@ fn assert_close(a: &[Vec<f64>], b: &[Vec<f64>], tol: f64) {
 #[test]
 fn on_the_cpu_fewer_batches_side_by_side_where_more_would_not_fit() {
     let dir = tempfile::tempdir().unwrap();
-    states(dir.path());
+    cli::gen_states(dir.path(), 4, 3);
     let four = [("RAYON_NUM_THREADS", "4")];
     let (err, all) = score(dir.path(), "cpu", "all.jsonl", &four);
     assert!(!err.contains("[score]"), "{err}");
@@ -107,7 +89,7 @@ fn on_the_cpu_fewer_batches_side_by_side_where_more_would_not_fit() {
 fn on_a_gpu_fewer_rows_a_batch_where_more_would_not_fit() {
     let test = "on_a_gpu_fewer_rows_a_batch_where_more_would_not_fit";
     let dir = tempfile::tempdir().unwrap();
-    states(dir.path());
+    cli::gen_states(dir.path(), 4, 3);
     let (err, cpu) = score(dir.path(), "cpu", "cpu.jsonl", &[]);
     assert!(!cpu.is_empty(), "{err}");
     let (err, gpu) = score(

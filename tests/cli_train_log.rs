@@ -11,21 +11,7 @@ use cli::decision_ok;
 fn a_run_without_a_terminal_logs_its_steps_in_lines() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    decision_ok(
-        d,
-        &[
-            "gen",
-            "states",
-            "--rules",
-            "v1",
-            "--tasks",
-            "4",
-            "--seed",
-            "11",
-            "--out",
-            "states.jsonl",
-        ],
-    );
+    cli::gen_states(d, 4, 11);
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
     std::fs::write(
         d.join("run.toml"),

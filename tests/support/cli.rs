@@ -29,6 +29,26 @@ pub fn decision_ok(dir: &Path, args: &[&str]) -> Output {
     o
 }
 
+/// `decision gen states` of `tasks` tasks of the v1 rules into `dir/states.jsonl`.
+pub fn gen_states(dir: &Path, tasks: u32, seed: u64) {
+    let (tasks, seed) = (tasks.to_string(), seed.to_string());
+    decision_ok(
+        dir,
+        &[
+            "gen",
+            "states",
+            "--rules",
+            "v1",
+            "--tasks",
+            &tasks,
+            "--seed",
+            &seed,
+            "--out",
+            "states.jsonl",
+        ],
+    );
+}
+
 /// What the command printed: stdout, then stderr.
 pub fn text(o: &Output) -> String {
     format!(

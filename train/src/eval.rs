@@ -33,7 +33,8 @@ pub(crate) struct EvalReport {
 
 /// Raw option logits of every state (temperature 1), in input order; refused, naming the
 /// state, when a state's logits are not finite (they would make receipts `fit` rejects). On the
-/// CPU at most `side_by_side` batches run at once (`None`: one per thread).
+/// CPU at most `side_by_side` batches run at once, the memory plan's count (`None`: no plan; as
+/// many as the free memory holds, `crate::model::score::logits_in_batches`).
 pub(crate) fn score_states(
     dm: &DecisionModel,
     states: &[State],

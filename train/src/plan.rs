@@ -97,25 +97,26 @@ fn gpu_eval_batch_bytes(
 pub(crate) fn host_memory_free() -> Option<(u64, String)> {
     if let Some(budget) = memory_from_env() {
         let budget = budget.ok()?;
-        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-        // SAFETY: sysconf only reads a constant of the system.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
         return Some((
-            budget.saturating_sub(pages * page),
+            budget.saturating_sub(crate::model::host_memory::resident()?),
             "DECISION_DEVICE_MEMORY, less what the process holds".into(),
         ));
     }
+    Some((meminfo("MemAvailable")?, "the RAM available".into()))
+}
+
+/// A field of `/proc/meminfo` (`MemTotal`, `MemAvailable`), in bytes.
+fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
-    Some((kb * 1024, "the RAM available".into()))
+    Some(kb * 1024)
 }
 
 /// The process besides its tensors: binary, tokenizer, states, thread pool. Measured: a tiny
@@ -759,22 +760,11 @@ pub struct DeviceMemory {
 pub(crate) fn device_memory(backend: Backend, device: &Device) -> Option<DeviceMemory> {
     let narrowest = backend::supported_precisions(device)[0];
     match backend {
-        Backend::Cpu => {
-            let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-            let kb: u64 = text
-                .lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()?;
-            Some(DeviceMemory {
-                bytes: kb * 1024,
-                what: "RAM".into(),
-                narrowest,
-            })
-        }
+        Backend::Cpu => Some(DeviceMemory {
+            bytes: meminfo("MemTotal")?,
+            what: "RAM".into(),
+            narrowest,
+        }),
         Backend::Wgpu => {
             let adapter = backend::wgpu_adapter()?;
             Some(DeviceMemory {

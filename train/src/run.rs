@@ -325,19 +325,13 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
             states.len()
         );
     }
-    let (report, scored) = crate::model::gpu_watch::explaining_gpu_failures(
-        &loaded.dm.model,
-        args.batch_size,
-        || {
-            evaluate(
-                &loaded.dm,
-                &states,
-                args.permutations,
-                args.seed,
-                args.batch_size,
-            )
-        },
-    )??;
+    // A GPU runtime's failure is an error that says what to change.
+    let evaluate_with = |dm: &DecisionModel| {
+        crate::model::gpu_watch::explaining_gpu_failures(&dm.model, args.batch_size, || {
+            evaluate(dm, &states, args.permutations, args.seed, args.batch_size)
+        })?
+    };
+    let (report, scored) = evaluate_with(&loaded.dm)?;
     let name = args.name.clone().unwrap_or_else(|| loaded.name.clone());
     let mut out = EvalReport {
         schema: "decision-eval/1".into(),
@@ -372,19 +366,7 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
     drop(loaded);
     if let Some(b) = &args.baseline {
         let base = run_folder::load("--baseline", b, args.backend)?;
-        let (base_report, _) = crate::model::gpu_watch::explaining_gpu_failures(
-            &base.dm.model,
-            args.batch_size,
-            || {
-                evaluate(
-                    &base.dm,
-                    &states,
-                    args.permutations,
-                    args.seed,
-                    args.batch_size,
-                )
-            },
-        )??;
+        let (base_report, _) = evaluate_with(&base.dm)?;
         println!("\n{name} against baseline {}:", base.name);
         print!("{}", comparison(&report, &base_report));
         out.baseline = Some(Box::new(EvalReport {

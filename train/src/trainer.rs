@@ -147,7 +147,7 @@ pub fn train(given: &RunConfig, run_dir: &Path, opts: &TrainOptions) -> Result<T
     // how many evaluation batches run side by side on the CPU: those the plan counts, for the
     // periodic evaluations and the final one (which scores every validation state, so would
     // otherwise run one batch per thread where `max_states` planned fewer), flip rate included
-    // (`None`: no plan, one per thread).
+    // (`None`: no plan; as many as the free memory holds).
     let (keep_attention, eval_side_by_side) =
         match crate::plan::device_limit(cfg.train.backend, &device)? {
             Some(dev) => {
@@ -360,7 +360,7 @@ struct Trainer<'a> {
     /// choice for the device).
     keep_attention: bool,
     /// On the CPU, how many evaluation batches are scored side by side (the memory plan's
-    /// count); `None`: one per thread.
+    /// count); `None`: no plan, as many as the free memory holds.
     eval_side_by_side: Option<usize>,
     total_steps: u64,
     /// Parameters: (trainable, total).

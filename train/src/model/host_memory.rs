@@ -51,6 +51,16 @@ pub fn release_freed() -> bool {
     false
 }
 
+/// What the process has resident, in bytes (`/proc/self/statm`'s second field, in pages);
+/// `None` where the system does not say.
+pub(crate) fn resident() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    Some(pages * page)
+}
+
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     /// A freed 24 MiB buffer stays with the allocator for the next one, where glibc's defaults
@@ -72,13 +82,6 @@ mod tests {
         );
     }
 
-    /// What the process has resident, in bytes (`/proc/self/statm`'s second field, in pages).
-    fn resident() -> usize {
-        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-        pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize
-    }
-
     /// Kept memory goes back to the system when asked: 192 MiB of buffers under the mmap
     /// threshold, written and freed, stay resident (the trim threshold is 1 GiB) until
     /// `release_freed`. Other tests running meanwhile move the figure by a few MiB, not 128.
@@ -90,9 +93,9 @@ mod tests {
             .map(|i| std::hint::black_box(vec![i as u8 + 1; 24 << 20]))
             .collect();
         drop(buffers);
-        let kept = resident();
+        let kept = super::resident().unwrap();
         assert!(super::release_freed(), "malloc_trim gave nothing back");
-        let released = resident();
+        let released = super::resident().unwrap();
         assert!(
             kept.saturating_sub(released) >= 128 << 20,
             "resident {kept} bytes before release_freed, {released} after"

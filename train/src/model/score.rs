@@ -288,14 +288,12 @@ pub(crate) mod tests {
         };
     }
 
-    /// A round holds one batch per thread, or `side_by_side`: `progress` hears each round's
-    /// states; the logits are the same either way.
-    #[test]
-    fn batches_run_side_by_side_one_per_thread_or_as_many_as_fit() {
+    /// A tiny random model, and 8 states of 5 to 7 prompt tokens and 3 options.
+    fn tiny_model_and_eight_states() -> (Qwen3, Vec<Encoded>) {
         let device = burn::tensor::Device::flex();
         let model =
             crate::model::qwen3::init_random(&crate::trainer_tests::tiny_config(32), 0.2, &device);
-        let encoded: Vec<Encoded> = (0..8u32)
+        let encoded = (0..8u32)
             .map(|i| Encoded {
                 input_ids: (0..5 + i % 3).map(|t| (t * 7 + i) % 30 + 2).collect(),
                 option_token_ids: vec![20, 21, 22],
@@ -303,6 +301,14 @@ pub(crate) mod tests {
                 dropped_context_bytes: 0,
             })
             .collect();
+        (model, encoded)
+    }
+
+    /// A round holds one batch per thread, or `side_by_side`: `progress` hears each round's
+    /// states; the logits are the same either way.
+    #[test]
+    fn batches_run_side_by_side_one_per_thread_or_as_many_as_fit() {
+        let (model, encoded) = tiny_model_and_eight_states();
         let four = rayon::ThreadPoolBuilder::new()
             .num_threads(4)
             .build()
@@ -332,17 +338,7 @@ pub(crate) mod tests {
     /// bytes (`plan::eval_batch_bytes`, whose per-token count docs/results.md measured).
     #[test]
     fn without_a_plan_batches_run_side_by_side_as_the_free_memory_holds() {
-        let device = burn::tensor::Device::flex();
-        let model =
-            crate::model::qwen3::init_random(&crate::trainer_tests::tiny_config(32), 0.2, &device);
-        let encoded: Vec<Encoded> = (0..8u32)
-            .map(|i| Encoded {
-                input_ids: (0..5 + i % 3).map(|t| t + 2).collect(),
-                option_token_ids: vec![20, 21, 22],
-                truncated: false,
-                dropped_context_bytes: 0,
-            })
-            .collect();
+        let (model, encoded) = tiny_model_and_eight_states();
         let batch = 2 * 7 * (3 * 16 + 3 * 24) * 4;
         let fit = |free: Option<u64>| {
             batches_that_fit(&model, &encoded, 2, 4, free.map(|f| (f, "a test".into())))
