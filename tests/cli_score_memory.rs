@@ -109,3 +109,23 @@ fn on_a_gpu_fewer_rows_a_batch_where_more_would_not_fit() {
     // The wgpu kernels against the CPU's (the tiny base in f32): as `wgpu_scores_like_the_cpu_backend`.
     assert_close(&cpu, &gpu, 1e-5);
 }
+
+/// A `DECISION_DEVICE_MEMORY` that is not a size in GiB is refused before any scoring, as
+/// `decision train` refuses it, and nothing is written.
+#[test]
+fn a_memory_budget_that_is_not_a_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    cli::gen_states(dir.path(), 1, 3);
+    let (err, probs) = score(
+        dir.path(),
+        "cpu",
+        "out.jsonl",
+        &[("DECISION_DEVICE_MEMORY", "24GB")],
+    );
+    assert!(probs.is_empty());
+    assert!(
+        err.contains("DECISION_DEVICE_MEMORY=\"24GB\": expected a size in GiB"),
+        "{err}"
+    );
+    assert!(!dir.path().join("out.jsonl").exists());
+}

@@ -866,6 +866,12 @@ pub(crate) fn device_limit(backend: Backend, device: &Device) -> Result<Option<D
     }
 }
 
+/// Refuses a `DECISION_DEVICE_MEMORY` that is not a size in GiB, before work that reads it where
+/// it cannot say so (the scoring commands' batches).
+pub(crate) fn check_memory_env() -> Result<()> {
+    memory_from_env().transpose().map(|_| ())
+}
+
 /// `DECISION_DEVICE_MEMORY` in bytes, where set: a size in GiB.
 fn memory_from_env() -> Option<Result<u64>> {
     let v = std::env::var("DECISION_DEVICE_MEMORY").ok()?;

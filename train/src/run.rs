@@ -29,6 +29,7 @@ pub fn score(args: ScoreArgs) -> Result<ExitCode> {
         io.input("--model", &args.model);
     }
     io.check()?;
+    crate::plan::check_memory_env()?;
     let opts = LoadOptions {
         backend: args.backend,
         precision: args.dtype,
@@ -279,6 +280,7 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         io.output_file("--report", r);
     }
     io.check()?;
+    crate::plan::check_memory_env()?;
     if let Some(r) = &args.receipts
         && matches!(
             decision_data::Format::from_path(r),
