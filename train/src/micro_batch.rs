@@ -106,7 +106,7 @@ fn micro_batch(dm: &DecisionModel, states: &[State], teacher_blend: f32) -> Resu
     let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
     let tokens = rows.iter().map(|r| r.len() as u64).sum();
     Ok(MicroBatch {
-        batch: Batch::left_padded(&refs, dm.pad_id),
+        batch: Batch::left_padded_on(&refs, dm.pad_id, &dm.device),
         targets: LossTargets::build(&tgt, teacher_blend),
         label_ids: dm.prompter.label_token_ids[..kmax].to_vec(),
         tokens,

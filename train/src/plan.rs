@@ -119,6 +119,13 @@ fn meminfo(field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Tokens per row a run of `cfg` pads its batches to at most: `[data] max_tokens`, rounded up to
+/// the length a GPU runs at (`crate::model::qwen3::run_length`).
+fn run_tokens(cfg: &RunConfig) -> u64 {
+    let gpu = cfg.train.backend != crate::Backend::Cpu;
+    crate::model::qwen3::run_length(cfg.data.max_tokens, gpu) as u64
+}
+
 /// The process besides its tensors: binary, tokenizer, states, thread pool. Measured: a tiny
 /// run at batch 1 peaked at 133 MB with 92 MB of planned tensors.
 pub(crate) const RUNTIME: u64 = 48 << 20;
@@ -126,7 +133,8 @@ pub(crate) const RUNTIME: u64 = 48 << 20;
 /// Bytes of the parts of a run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryPlan {
-    /// Tokens per row the plan assumes (`[data] max_tokens`: batches pad to their longest row).
+    /// Tokens per row the plan assumes (`[data] max_tokens`, rounded up to a multiple of 16 on a
+    /// GPU: batches pad to their longest row, and on a GPU to that multiple).
     pub seq: usize,
     pub batch: usize,
     /// Shards of the micro-batch whose activations are alive at once (1 without sharding).
@@ -243,7 +251,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         .map(|(_, s)| s.iter().product::<usize>() as u64)
         .sum();
     let w = width(cfg);
-    let s = cfg.data.max_tokens as u64;
+    let s = run_tokens(cfg);
     // A micro-batch runs as shards side by side on the thread pool: each holds its own rows'
     // activations, and as many are alive as there are threads to run them.
     let threads = rayon::current_num_threads().max(1);
@@ -441,7 +449,7 @@ fn largest_buffer(
     w: u64,
     tokens_train: bool,
 ) -> (u64, String) {
-    let s = cfg.data.max_tokens as u64;
+    let s = run_tokens(cfg);
     let (h, i, v) = (
         arch.hidden_size as u64,
         arch.intermediate_size as u64,
@@ -916,6 +924,26 @@ mod tests {
         let cfg = RunConfig::parse(text, &sets).unwrap();
         let p = plan(&cfg, &four_b_arch());
         (cfg, p)
+    }
+
+    /// A GPU pads each batch to a multiple of 16 tokens, so its plan counts `max_tokens` rounded
+    /// up to one; the CPU pads to the longest row, and its plan counts `max_tokens`.
+    #[test]
+    fn a_gpu_plans_the_length_its_batches_are_padded_to() {
+        let (_, gpu) = four_b(&[
+            "train.backend=wgpu",
+            "train.dtype=f16",
+            "data.max_tokens=1000",
+        ]);
+        let (_, round) = four_b(&[
+            "train.backend=wgpu",
+            "train.dtype=f16",
+            "data.max_tokens=1008",
+        ]);
+        let (_, cpu) = four_b(&["train.backend=cpu", "data.max_tokens=1000"]);
+        assert_eq!(gpu.seq, 1008);
+        assert_eq!(cpu.seq, 1000);
+        assert_eq!(gpu.total, round.total);
     }
 
     /// Scoring on a GPU without a plan (`decision score`, `decision eval`) takes as many rows a

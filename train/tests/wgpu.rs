@@ -1,7 +1,7 @@
-//! The wgpu backend runs the same model, and trains it, as the CPU backend does, through the
-//! compiler users get (SPIR-V on Vulkan, here and on every Linux or Windows GPU). On a machine
-//! without a GPU this uses Mesa's lavapipe Vulkan driver (`.ci/run` installs
-//! `mesa-vulkan-drivers`). On a machine with no Vulkan adapter at all the tests say NOT RUN and
+//! The wgpu backend runs the same model, and trains it, as the CPU backend does: through SPIR-V
+//! on a Vulkan GPU, and on a machine without a GPU through Mesa's software drivers (`.ci/run`
+//! installs them): lavapipe's Vulkan lacks what Burn's SPIR-V kernels need, so the backend runs
+//! WGSL kernels on llvmpipe through OpenGL (train/src/model/backend.rs, docs/results.md). On a machine with no Vulkan adapter at all the tests say NOT RUN and
 //! pass, unless `$DECISION_REQUIRE_CHECKERS` names `vulkan` (as `.ci/run` does), where they fail.
 
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use std::time::Instant;
 use decision_data::State;
 use decision_train::run_config::RunConfig;
 use decision_train::trainer::{TrainOptions, train};
-use decision_train::{Backend, DecisionModel, LoadOptions, Precision};
+use decision_train::{Backend, Batch, DecisionModel, LoadOptions, Precision};
 
 #[path = "../../tests/support/checkers.rs"]
 mod checkers;
@@ -84,6 +84,21 @@ fn wgpu_scores_like_the_cpu_backend() {
     assert!(
         held.own_buffers >= weights,
         "{held:?}: the {weights} bytes of weights are not in buffers of their own"
+    );
+    // On the GPU the batch runs padded to a multiple of 16 tokens, past its longest row; on the
+    // CPU at that row's length.
+    let encoded: Vec<_> = states
+        .iter()
+        .map(|s| gpu.prompter.encode(s).unwrap())
+        .collect();
+    let rows: Vec<&[u32]> = encoded.iter().map(|e| e.input_ids.as_slice()).collect();
+    let longest = rows.iter().map(|r| r.len()).max().unwrap();
+    let on_gpu = Batch::left_padded_on(&rows, gpu.pad_id, &gpu.device).seq_len();
+    let on_cpu = Batch::left_padded_on(&rows, cpu.pad_id, &cpu.device).seq_len();
+    assert_eq!((on_gpu % 16, on_cpu), (0, longest));
+    assert!(
+        on_gpu > longest,
+        "the test's rows ({longest} tokens) are padded on the GPU"
     );
     let want = cpu.score(&states, 3).unwrap();
     let got = gpu.score(&states, 3).unwrap();

@@ -524,10 +524,42 @@ pub struct Batch {
     pub attention_mask: Vec<Vec<u8>>,
 }
 
+/// On a GPU a batch runs at a length that is a multiple of this. Burn's GPU kernels are compiled
+/// for the shape class they meet (the vector width a tensor's last dimension divides by, whether
+/// a matmul's rows fill its tiles), so batches of ragged lengths keep compiling new kernels for
+/// their first hundreds of steps; at multiples of 16 (f16's widest vector is 8, a tensor-core tile
+/// 16) they compile no new kind after their first few (docs/results.md, "Batch lengths on a GPU").
+/// The CPU compiles nothing and pads nothing.
+pub const GPU_LENGTH_MULTIPLE: usize = 16;
+
+/// The length a batch whose longest row has `longest` tokens runs at, on a GPU or on the CPU.
+pub fn run_length(longest: usize, gpu: bool) -> usize {
+    if gpu {
+        longest.next_multiple_of(GPU_LENGTH_MULTIPLE)
+    } else {
+        longest
+    }
+}
+
 impl Batch {
     /// Left-pad token sequences to the longest one with `pad_id`.
     pub fn left_padded(rows: &[&[u32]], pad_id: u32) -> Self {
         let seq = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        Self::left_padded_to(rows, pad_id, seq)
+    }
+
+    /// Left-pad token sequences with `pad_id` to the length they run at on `device`
+    /// ([`run_length`]): the longest row's on the CPU, a multiple of [`GPU_LENGTH_MULTIPLE`] on a
+    /// GPU. Padding changes no row's logits.
+    pub fn left_padded_on(rows: &[&[u32]], pad_id: u32, device: &Device) -> Self {
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let gpu = *device != Device::flex();
+        Self::left_padded_to(rows, pad_id, run_length(longest, gpu))
+    }
+
+    /// Left-pad token sequences with `pad_id` to `seq` tokens, at least the longest row's.
+    pub fn left_padded_to(rows: &[&[u32]], pad_id: u32, seq: usize) -> Self {
+        debug_assert!(rows.iter().all(|r| r.len() <= seq));
         let mut input_ids = Vec::with_capacity(rows.len());
         let mut attention_mask = Vec::with_capacity(rows.len());
         for row in rows {
@@ -888,6 +920,47 @@ mod tests {
         assert_eq!(batch.input_ids, vec![vec![5, 6, 7], vec![0, 0, 9]]);
         assert_eq!(batch.attention_mask, vec![vec![1, 1, 1], vec![0, 0, 1]]);
         assert_eq!(batch.position_ids(), vec![vec![0, 1, 2], vec![0, 0, 0]]);
+    }
+
+    /// A GPU runs a batch at a multiple of 16 tokens, the CPU at its longest row's length; the
+    /// padding in front of every row, the longest too, changes no row's answer logits.
+    #[test]
+    fn padding_every_row_further_changes_no_answer_logits() {
+        assert_eq!(run_length(9, false), 9);
+        assert_eq!(run_length(9, true), 16);
+        assert_eq!(run_length(32, true), 32);
+        assert_eq!(run_length(33, true), 48);
+        let a: &[u32] = &[5, 6, 7];
+        let cpu = Batch::left_padded_on(&[a], 0, &Device::flex());
+        assert_eq!(cpu.seq_len(), 3);
+
+        let config = crate::trainer_tests::tiny_config(16);
+        let device = Device::flex();
+        let _rng = crate::trainer_tests::device_rng();
+        let model = init_random(&config, 0.5, &device);
+        let a: &[u32] = &[3, 7, 1, 9, 4, 2, 11, 12, 1];
+        let b: &[u32] = &[5, 8, 6, 2, 3];
+        let logits = |batch: &Batch| {
+            model
+                .answer_logits(batch, &[1, 2, 3, 4])
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap()
+        };
+        let tight = logits(&Batch::left_padded(&[a, b], 0));
+        for seq in [16, 23] {
+            let padded = Batch::left_padded_to(&[a, b], 0, seq);
+            assert_eq!(padded.seq_len(), seq);
+            assert_eq!(padded.input_ids[0][seq - a.len()..], *a);
+            let got = logits(&padded);
+            let worst = tight
+                .iter()
+                .zip(&got)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            // the same sums over the same real tokens; masked positions add exact zeros
+            assert!(worst < 1e-5, "padded to {seq}: logits moved by {worst}");
+        }
     }
 
     /// The attention core in blocks of query rows (what keeps Burn's GPU attention within a

@@ -35,7 +35,7 @@ pub fn label_logits(model: &Qwen3, states: &[&Encoded], pad_id: u32) -> Vec<Vec<
         }
     }
     let rows: Vec<&[u32]> = states.iter().map(|e| e.input_ids.as_slice()).collect();
-    let batch = Batch::left_padded(&rows, pad_id);
+    let batch = Batch::left_padded_on(&rows, pad_id, &model.device());
     let logits = model.answer_logits(&batch, &union);
     let data = logits.into_data().convert_dtype(DType::F32);
     let flat: Vec<f32> = data.try_into_vec().expect("f32 logits");
@@ -166,7 +166,8 @@ fn gpu_rows_that_fit(model: &Qwen3, encoded: &[Encoded], batch_size: usize) -> u
     let free = limit
         .as_ref()
         .map_or(u64::MAX, |l| l.bytes.saturating_sub(held.reserved));
-    let longest = encoded.iter().map(|e| e.input_ids.len()).max().unwrap_or(0) as u64;
+    let longest = encoded.iter().map(|e| e.input_ids.len()).max().unwrap_or(0);
+    let longest = crate::model::qwen3::run_length(longest, true) as u64;
     let (hidden, intermediate) = (
         model.model.embed_tokens.weight.dims()[1] as u64,
         layer.mlp.gate_proj.dims()[1] as u64,
