@@ -520,7 +520,14 @@ mod tests {
             let x = random([b, s, hidden], 1 + i as u64);
             let norm = RmsNorm::new(random([hidden], 11 + i as u64), 1e-6);
             let want = norm.forward_generic(x.clone());
+            // on a tape the generic path multiplies in another order (`RmsNorm::forward_generic`)
+            let ad = Device::flex().autodiff();
+            let tracked = Tensor::<3>::from_data(x.to_data(), &ad).require_grad();
+            let taped = RmsNorm::new(Tensor::from_data(norm.weight.val().to_data(), &ad), 1e-6)
+                .forward_generic(tracked);
+            let taped = Tensor::<3>::from_data(taped.into_data(), &Device::flex());
             let got = rms_norm(x, norm.weight.val(), norm.eps);
+            assert_close("rms_norm (taped order)", got.clone(), taped, 1e-6);
             assert_close("rms_norm", got, want, 1e-6);
         }
     }

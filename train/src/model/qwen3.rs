@@ -118,11 +118,25 @@ impl RmsNorm {
         self.forward_generic(x)
     }
 
-    /// [`Self::forward`] in Burn operations, on any device (a tape derives its backward).
+    /// [`Self::forward`] in Burn operations, on any device (a tape derives its backward), with
+    /// `r = 1 / sqrt(mean(x²) + eps)`: `(x · w) · r` without a tape, `(x · r) · w` on one. Burn's
+    /// fusion (0.22) plans a GPU layer's operations whole with the first; with `x / rms · w` its
+    /// planner built blocks that depend on each other around the MLP and ran the whole stretch
+    /// one launch per operation (docs/results.md, "Burn's fusion and the norm's order"). On a
+    /// tape the first would keep `x · w` for the backward pass, a tensor of `x`'s size more per
+    /// norm; the second keeps `x` and `r`, as `x / rms · w` did.
     pub(crate) fn forward_generic<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let x = in_f32(x);
-        let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
-        (x / rms) * in_f32(self.weight.val()).unsqueeze()
+        let w = in_f32(self.weight.val()).unsqueeze();
+        let r = |x: Tensor<D>| (x.square().mean_dim(D - 1) + self.eps).sqrt().recip();
+        if x.is_tracked() {
+            (x.clone() * r(x)) * w
+        } else {
+            // `x · w` first: the planner fuses more in this order (180 launches to score 8
+            // states of the tiny base on llvmpipe, against 212 with `r` first)
+            let xw = x.clone() * w;
+            xw * r(x)
+        }
     }
 }
 
