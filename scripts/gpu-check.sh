@@ -38,7 +38,7 @@
 # After the benchmark, ours runs once more for 2 steps with each kernel launch timed
 # (kernel-times.txt: the GPU's time by kernel kind, per step), then the tests get what is left.
 # Results go to $OUT (gpu-check.log, plan.txt, bench-scale.json, ours-metrics.jsonl, timeline.txt,
-# ours-compile.log, kernel-times.txt, profile.log.xz, profile-train.log, wgpu-tests.log); the
+# ours-compile.log, kernel-times.txt, profile.log.xz, profile-train.log, fusion.log, wgpu-tests.log); the
 # checkpoint to $WORK.
 #   scripts/gpu-check.sh            # ends within SECONDS_ALLOWED (default 520) of its start
 # Environment: GPU_CHECK (default bench-out/gpu-check), OUT (default $GPU_CHECK/result),
@@ -144,6 +144,9 @@ if [ "${PROFILE:-1}" != 0 ] && [ -f "$WORK/scale/run-2x2048.toml" ] && [ "$prof_
     say "profiled run of ours: ${prof_s} s of the ${left} s left"
     rm -rf "$WORK/prof" && mkdir -p "$WORK/prof"
     printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = true\n' "$WORK/prof/profile.log" > "$WORK/prof/cubecl.toml"
+    # Burn's fusion planner's account (a few KB): the stretches it ran one launch per operation
+    # (docs/results.md, "Burn's fusion and the norm's order")
+    printf '[fusion.logger]\nlevel = "medium"\nfile = "%s"\nappend = true\n' "$OUT/fusion.log" > "$WORK/prof/burn.toml"
     (cd "$WORK/prof" && exec timeout "$prof_s" "$BIN" train --config "$WORK/scale/run-2x2048.toml" \
         --out "$WORK/prof/run" --set train.max_steps=3) > "$OUT/profile-train.log" 2>&1 &
     PROF=$!
@@ -158,6 +161,7 @@ if [ "${PROFILE:-1}" != 0 ] && [ -f "$WORK/scale/run-2x2048.toml" ] && [ "$prof_
     done
     wait $PROF 2>/dev/null || true
     tail -4 "$OUT/profile-train.log"
+    say "fusion plans run unfused: $(grep -ac 'falling back to unfused' "$OUT/fusion.log" 2>/dev/null) (fusion.log)"
     if python3 scripts/kernel_times.py "$WORK/prof/profile.log" --steps 2 > "$OUT/kernel-times.txt"; then
         cat "$OUT/kernel-times.txt"
     fi
