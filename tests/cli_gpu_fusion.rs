@@ -22,23 +22,7 @@ fn a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it() {
         ),
     )
     .unwrap();
-    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
-    let o = cli::decision_in(
-        dir.path(),
-        &[
-            "score",
-            "--model",
-            base.to_str().unwrap(),
-            "--data",
-            "states.jsonl",
-            "--out",
-            "scores.jsonl",
-            "--batch-size",
-            "8",
-            "--backend",
-            "wgpu",
-        ],
-    );
+    let o = cli::score_tiny_base(dir.path(), "wgpu", "scores.jsonl", &[]);
     let out = cli::text(&o);
     if out.contains("no usable GPU adapter") {
         checkers::not_run(test, "vulkan", &out);

@@ -15,27 +15,7 @@ mod cli;
 /// `decision score` of `states.jsonl` in `dir` with the tiny base, batches of 8, with `env` set;
 /// stderr, and each state's probabilities.
 fn score(dir: &Path, backend: &str, out: &str, env: &[(&str, &str)]) -> (String, Vec<Vec<f64>>) {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_decision"));
-    c.current_dir(dir).env("HF_HUB_OFFLINE", "1");
-    c.env_remove("DECISION_DEVICE_MEMORY");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let args = [
-        "score",
-        "--model",
-        base.to_str().unwrap(),
-        "--data",
-        "states.jsonl",
-        "--out",
-        out,
-        "--batch-size",
-        "8",
-        "--backend",
-        backend,
-    ];
-    let o = c.args(args).output().expect("run decision");
+    let o = cli::score_tiny_base(dir, backend, out, env);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     if !o.status.success() {
         return (err, Vec::new());

@@ -49,6 +49,31 @@ pub fn gen_states(dir: &Path, tasks: u32, seed: u64) {
     );
 }
 
+/// `decision score` of `dir/states.jsonl` with the tiny base (models/tiny-base) on `backend`,
+/// batches of 8, into `dir/out`, run in `dir` with `env` set and `DECISION_DEVICE_MEMORY` unset
+/// unless `env` sets it; whatever its exit status.
+pub fn score_tiny_base(dir: &Path, backend: &str, out: &str, env: &[(&str, &str)]) -> Output {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_decision"));
+    c.current_dir(dir).env("HF_HUB_OFFLINE", "1");
+    c.env_remove("DECISION_DEVICE_MEMORY");
+    c.envs(env.iter().copied());
+    c.args([
+        "score",
+        "--model",
+        base.to_str().unwrap(),
+        "--data",
+        "states.jsonl",
+        "--out",
+        out,
+        "--batch-size",
+        "8",
+        "--backend",
+        backend,
+    ]);
+    c.output().expect("run decision")
+}
+
 /// What the command printed: stdout, then stderr.
 pub fn text(o: &Output) -> String {
     format!(

@@ -1,8 +1,8 @@
 //! The wgpu backend runs the same model, and trains it, as the CPU backend does: through SPIR-V
 //! on a Vulkan GPU, and on a machine without a GPU through Mesa's software drivers (`.ci/run`
 //! installs them): lavapipe's Vulkan lacks what Burn's SPIR-V kernels need, so the backend runs
-//! WGSL kernels on llvmpipe through OpenGL (train/src/model/backend.rs, docs/results.md). On a machine with no Vulkan adapter at all the tests say NOT RUN and
-//! pass, unless `$DECISION_REQUIRE_CHECKERS` names `vulkan` (as `.ci/run` does), where they fail.
+//! WGSL kernels on llvmpipe through OpenGL (train/src/model/backend.rs, docs/results.md). On a
+//! machine with no Vulkan adapter at all the tests say NOT RUN and pass, unless `$DECISION_REQUIRE_CHECKERS` names `vulkan` (as `.ci/run` does), where they fail.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
