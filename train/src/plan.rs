@@ -316,6 +316,14 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // Saved layer inputs; one layer's tape; the f32 q, k, v, heads and their gradients of the
     // hand-made attention core; its working memory; the gradient flowing between layers.
     let core = (2 * qd + 2 * kvd) * 4 * 2;
+    // On a GPU an f16 base's core computes its products in f16
+    // (`crate::model::blocked_attention::Products`), from f16 copies of q, k, v and the heads'
+    // gradient.
+    let core = if cfg.train.backend != Backend::Cpu && w == 2 && cfg.train.dtype == Precision::F16 {
+        core + (2 * qd + 2 * kvd) * 2
+    } else {
+        core
+    };
     // On the CPU a bf16 base's replay (`crate::replay`) holds the layer's frozen weights ready
     // for its products, one layer at a time: widened to f32, or `W` and `Wᵀ` packed in bf16 for
     // AVX512_BF16; four bytes a weight either way.
@@ -1156,18 +1164,21 @@ mod tests {
 
     /// An f16 base keeps each layer's input for the replay in f16, with a scale per token
     /// (`recompute::Keep::Scaled`): 36 layers x 4096 tokens x (2560 x 2 + 4) bytes, where bf16
-    /// (f32's range) keeps them in f32. Nothing else in the plan differs.
+    /// (f32's range) keeps them in f32. Nothing else in the plan differs but the attention
+    /// core's f16 copies of q, k, v and the heads' gradient, for one layer at a time
+    /// (`blocked_attention::Products`): 4096 tokens x (2 x 4096 + 2 x 1024) x 2 bytes.
     #[test]
     fn an_f16_base_keeps_its_layer_inputs_in_half_the_bytes() {
         let (_, half) = four_b(&["train.dtype=f16"]);
         let (_, bf16) = four_b(&["train.dtype=bf16"]);
         let per_token = 2560 * 4 - (2560 * 2 + 4);
+        let saved = 36 * 2 * 2048 * per_token - 2 * 2048 * (2 * 4096 + 2 * 1024) * 2;
         assert_eq!(
             bf16.activations_recompute - half.activations_recompute,
-            36 * 2 * 2048 * per_token
+            saved
         );
         assert_eq!(bf16.weights, half.weights);
-        assert_eq!(bf16.total - half.total, 36 * 2 * 2048 * per_token);
+        assert_eq!(bf16.total - half.total, saved);
     }
 
     /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own:

@@ -20,8 +20,9 @@
 //! Within a layer the attention core is not taped at all. On the CPU, [`flash`] computes it and
 //! its gradient in tiles of queries and keys, with no score tensor. On other backends
 //! [`attention_forward`] and [`attention_backward`] do, block by block of queries, of Burn
-//! operations, so at most one `[b, heads, chunk, s]` block of scores (and its two gradient-sized
-//! siblings) is alive at a time. The layer is taped in two pieces around the core:
+//! operations (`crate::model::blocked_attention`; in f16 on an f16 base), so at most one
+//! `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings) is alive at a
+//! time. The layer is taped in two pieces around the core:
 //! `x → (q, k, v)` and `(x, heads) → out`.
 //!
 //! The gradients equal those of the ordinary pass up to float rounding (tests in
@@ -30,9 +31,9 @@
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, FloatDType, Tensor};
 
+use crate::model::blocked_attention::{Products, attention_backward, attention_forward};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
 use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
@@ -195,11 +196,15 @@ pub(crate) enum CoreKind {
 /// The attention core of one step, with what it needs of the mask.
 enum Core<'a> {
     Tiles(&'a flash::Mask),
-    Blocks { bias: Box<Tensor<4>>, chunk: usize },
+    Blocks {
+        bias: Box<Tensor<4>>,
+        chunk: usize,
+        products: Products,
+    },
 }
 
 impl<'a> Core<'a> {
-    fn new(kind: CoreKind, inputs: &'a LayerInputs) -> Self {
+    fn new(kind: CoreKind, inputs: &'a LayerInputs, products: Products) -> Self {
         match kind {
             CoreKind::Tiles => Core::Tiles(
                 inputs
@@ -213,6 +218,7 @@ impl<'a> Core<'a> {
                 Core::Blocks {
                     bias: Box::new(bias),
                     chunk,
+                    products,
                 }
             }
         }
@@ -228,7 +234,14 @@ impl<'a> Core<'a> {
                 let (out, saved) = flash::forward(q, k, v, mask, scale as f32);
                 (out, Some(saved))
             }
-            Core::Blocks { bias, chunk } => (attention_forward(q, k, v, bias, scale, *chunk), None),
+            Core::Blocks {
+                bias,
+                chunk,
+                products,
+            } => (
+                attention_forward(q, k, v, bias, scale, *chunk, *products),
+                None,
+            ),
         }
     }
 
@@ -244,9 +257,11 @@ impl<'a> Core<'a> {
                 let saved = saved.expect("the tiled forward pass saves its row sums");
                 flash::backward(q, k, v, out, saved, d_out, mask, scale as f32)
             }
-            Core::Blocks { bias, chunk } => {
-                attention_backward(q, k, v, out, d_out, bias, scale, *chunk)
-            }
+            Core::Blocks {
+                bias,
+                chunk,
+                products,
+            } => attention_backward(q, k, v, out, d_out, bias, scale, *chunk, *products),
         }
     }
 }
@@ -264,7 +279,7 @@ fn loss_and_grads_with(
     let plain = model.device().inner();
     let inputs = LayerInputs::new(batch, model.head_dim(), model.rope_theta, &plain);
     let embed = &model.model.embed_tokens.weight;
-    let core = Core::new(kind, &inputs);
+    let core = Core::new(kind, &inputs, Products::of(model));
 
     // 1. Forward without a tape, keeping each layer's input; the attention core as `core` runs it.
     let tokens = model.token_values();
@@ -360,121 +375,10 @@ fn loss_and_grads_with(
     (value, acc.grads())
 }
 
-/// Softmax probabilities of one block of queries over the first `e` keys,
-/// `[b, kv_heads, groups·c, e]`, from the block's queries `qc` (`[b, kv_heads, groups·c, d]`),
-/// `kᵀ` (`[b, kv_heads, d, s]`) and the additive mask `bias` (`[b, 1, s, s]`: 0 or −∞) at query
-/// rows `c0..c0 + c`. With `e = c0 + c` nothing is lost: the mask is causal, so those rows give
-/// the later keys probability 0, and the block costs `e / s` of a full one.
-fn block_probs(
-    qc: Tensor<4>,
-    kt: &Tensor<4>,
-    bias: &Tensor<4>,
-    c0: usize,
-    c: usize,
-    e: usize,
-    scale: f64,
-) -> Tensor<4> {
-    let [b, kvh, gc] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
-    let groups = gc / c;
-    let scores = qc
-        .matmul(kt.clone().narrow(3, 0, e))
-        .mul_scalar(scale)
-        .reshape([b, kvh, groups, c, e])
-        + bias
-            .clone()
-            .narrow(2, c0, c)
-            .narrow(3, 0, e)
-            .reshape([b, 1, 1, c, e]);
-    softmax(scores, 4).reshape([b, kvh, gc, e])
-}
-
-/// The rows `c0..c0 + c` of `t` (`[b, heads, s, d]`), with heads grouped by the key/value head
-/// they share: `[b, kv_heads, groups·c, d]`.
-fn grouped(t: &Tensor<4>, kvh: usize, c0: usize, c: usize) -> Tensor<4> {
-    let [b, h, _, d] = t.dims();
-    t.clone()
-        .narrow(2, c0, c)
-        .reshape([b, kvh, (h / kvh) * c, d])
-}
-
-/// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`,
-/// in blocks of `chunk` query rows. `q` is `[b, heads, s, d]`, `k` and `v` `[b, kv_heads, s, d]`,
-/// `bias` `[b, 1, s, s]`; returns `[b, heads, s, d]`. f32 throughout.
-pub(crate) fn attention_forward(
-    q: &Tensor<4>,
-    k: &Tensor<4>,
-    v: &Tensor<4>,
-    bias: &Tensor<4>,
-    scale: f64,
-    chunk: usize,
-) -> Tensor<4> {
-    let [b, h, s, d] = q.dims();
-    let kvh = k.dims()[1];
-    let kt = k.clone().swap_dims(2, 3);
-    let blocks: Vec<Tensor<4>> = (0..s)
-        .step_by(chunk.max(1))
-        .map(|c0| {
-            let c = chunk.min(s - c0);
-            // Causal: rows up to c0 + c see no key beyond it.
-            let e = c0 + c;
-            let p = block_probs(grouped(q, kvh, c0, c), &kt, bias, c0, c, e, scale);
-            p.matmul(v.clone().narrow(2, 0, e)).reshape([b, h, c, d])
-        })
-        .collect();
-    Tensor::cat(blocks, 2)
-}
-
-/// The gradients `(dq, dk, dv)` of [`attention_forward`] given its output `out` and the output's
-/// gradient `d_out`, block by block: with `P` the block's probabilities,
-/// `dv += Pᵀ·dO`, `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`, `dk += dSᵀ·q`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward(
-    q: &Tensor<4>,
-    k: &Tensor<4>,
-    v: &Tensor<4>,
-    out: &Tensor<4>,
-    d_out: &Tensor<4>,
-    bias: &Tensor<4>,
-    scale: f64,
-    chunk: usize,
-) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-    let [b, h, s, d] = q.dims();
-    let kvh = k.dims()[1];
-    let kt = k.clone().swap_dims(2, 3);
-    let vt = v.clone().swap_dims(2, 3);
-    let mut dk = k.zeros_like();
-    let mut dv = v.zeros_like();
-    let mut dq = Vec::new();
-    for c0 in (0..s).step_by(chunk.max(1)) {
-        let c = chunk.min(s - c0);
-        // Causal: the block's rows reach keys 0..e only, and only those get gradients.
-        let e = c0 + c;
-        let head = [0..b, 0..kvh, 0..e, 0..d];
-        let qc = grouped(q, kvh, c0, c);
-        let p = block_probs(qc.clone(), &kt, bias, c0, c, e, scale);
-        let doc = grouped(d_out, kvh, c0, c);
-        let oc = grouped(out, kvh, c0, c);
-        let dv_e = dv.clone().slice(head.clone()) + p.clone().swap_dims(2, 3).matmul(doc.clone());
-        dv = dv.slice_assign(head.clone(), dv_e);
-        let dp = doc.clone().matmul(vt.clone().narrow(3, 0, e));
-        let delta = (doc * oc).sum_dim(3);
-        let ds = (p * (dp - delta)).mul_scalar(scale);
-        dq.push(
-            ds.clone()
-                .matmul(k.clone().narrow(2, 0, e))
-                .reshape([b, h, c, d]),
-        );
-        let dk_e = dk.clone().slice(head.clone()) + ds.swap_dims(2, 3).matmul(qc);
-        dk = dk.slice_assign(head, dk_e);
-    }
-    (Tensor::cat(dq, 2), dk, dv)
-}
-
 #[cfg(test)]
 mod tests {
     use burn::module::{Module, Param};
     use burn::optim::GradientsParams;
-    use burn::tensor::ops::AttentionModuleOptions;
     use burn::tensor::{Distribution, Tensor};
 
     use super::*;
@@ -514,20 +418,32 @@ mod tests {
         }
     }
 
+    /// How far a recomputed step may be from the taped pass: the loss (relative), each gradient
+    /// tensor (relative in L2 norm), and each element (against the tensor's largest).
+    #[derive(Clone, Copy)]
+    struct Tol {
+        loss: f32,
+        rel: f64,
+        element: f32,
+    }
+
     /// In f32: each tensor within 3e-5 relative in L2 norm, every element within 1e-4 of the
     /// tensor's largest. (An untaped pass adds each adapter's term inside its product, a fused
     /// multiply-add that the taped pass rounds in two steps: 1.02e-5 on one small gradient.)
-    const F32_TOL: (f64, f32) = (3e-5, 1e-4);
+    const F32_TOL: Tol = Tol {
+        loss: 1e-5,
+        rel: 3e-5,
+        element: 1e-4,
+    };
 
-    /// Recomputed gradients against the ordinary taped pass: the same parameters, each tensor
-    /// within `tol.0` relative in L2 norm and every element within `tol.1` of the tensor's
-    /// largest.
+    /// Recomputed gradients against the ordinary taped pass: the same parameters and the same
+    /// loss, within `tol`.
     fn assert_same_gradients(
         model: &Qwen3,
         core: CoreKind,
         replay: Replay,
         keep: Keep,
-        tol: (f64, f32),
+        tol: Tol,
     ) -> usize {
         let b = batch();
         let loss = head(model)(model.decode(&b));
@@ -536,7 +452,8 @@ mod tests {
         let (got_loss, grads) =
             loss_and_grads_with(model, &b, head(model), core, replay, keep, None);
         let got = gradients(model, &grads);
-        assert!((want_loss - got_loss).abs() <= 1e-5 * want_loss.abs().max(1.0));
+        let loss_off = (want_loss - got_loss).abs() / want_loss.abs().max(1.0);
+        assert!(loss_off <= tol.loss, "loss off by {loss_off:e} relative");
         let names = |g: &[(String, Vec<f32>)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
         assert_eq!(
             names(&want),
@@ -557,9 +474,9 @@ mod tests {
                 .iter()
                 .zip(g)
                 .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(rel <= tol.0, "{name}: relative L2 difference {rel:e}");
+            assert!(rel <= tol.rel, "{name}: relative L2 difference {rel:e}");
             assert!(
-                diff <= tol.1 * scale,
+                diff <= tol.element * scale,
                 "{name}: |Δ| {diff} against max |g| {scale}"
             );
         }
@@ -712,9 +629,11 @@ mod tests {
     /// LoRA on an f16 base (a Vulkan GPU's run) replays from layer inputs kept in f16, and its
     /// gradients match the ordinary taped pass to f16's rounding: on random weights, and with an
     /// embedding of about 1e5 (kept in f32 beside the f16 projections), whose residual stream a
-    /// plain f16 copy would make infinite. Measured: at most 3.0e-3 relative in L2 norm (3.7e-3
-    /// of a tensor's largest element); replayed from exact inputs, 6e-7. For scale, the same
-    /// adapters' gradients over this f16 base and over its f32 original differ by up to 7.0e-3.
+    /// plain f16 copy would make infinite. The blocked core computes the attention's products
+    /// in f16 ([`Products`]); the taped pass and the CPU's tiles in f32. Measured: the tiles at
+    /// most 3.0e-3 relative in L2 norm (3.7e-3 of a tensor's largest element), replayed from
+    /// exact inputs 6e-7; the blocks 6.7e-3, the loss 4.2e-4. For scale, the same adapters'
+    /// gradients over this f16 base and over its f32 original differ by up to 7.0e-3.
     #[test]
     fn lora_on_an_f16_base_replays_from_inputs_kept_in_f16() {
         use burn::tensor::FloatDType;
@@ -739,8 +658,19 @@ mod tests {
         loud.model.embed_tokens.weight = Param::from_tensor(e);
         for model in [half, loud] {
             let model = lora_model(model, vec![]);
-            let tol = (5e-3, 1e-2);
-            for core in [CoreKind::Blocks(3), CoreKind::Tiles] {
+            // The blocks compute the attention's products in f16; the tiles (the CPU's) and
+            // the taped pass in f32.
+            let blocks = Tol {
+                loss: 1e-3,
+                rel: 1e-2,
+                element: 2e-2,
+            };
+            let tiles = Tol {
+                loss: 1e-5,
+                rel: 5e-3,
+                element: 1e-2,
+            };
+            for (core, tol) in [(CoreKind::Blocks(3), blocks), (CoreKind::Tiles, tiles)] {
                 let n = assert_same_gradients(&model, core, Replay::Taped, Keep::Scaled, tol);
                 assert_eq!(n, 3 * 7 * 2);
             }
@@ -785,45 +715,14 @@ mod tests {
         let base = crate::trainer_tests::cast_weights(base, burn::tensor::FloatDType::BF16);
         let model = lora_model(base, vec![3]);
         assert!(crate::replay::applies(&model));
-        let tol = (2e-3, 2e-2);
+        let tol = Tol {
+            loss: 1e-5,
+            rel: 2e-3,
+            element: 2e-2,
+        };
         for replay in [Replay::Taped, KEPT, RECOMPUTED] {
             let n = assert_same_gradients(&model, CoreKind::Tiles, replay, Keep::Exact, tol);
             assert_eq!(n, 3 * 7 * 2 + 1);
-        }
-    }
-
-    #[test]
-    fn blocked_attention_matches_burns() {
-        let device = burn::tensor::Device::flex();
-        let [b, h, kvh, s, d] = [2, 4, 2, 7, 8];
-        let q = Tensor::<4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let inputs = crate::model::qwen3::LayerInputs::new(&batch(), d, 10000.0, &device);
-        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
-            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
-        let repeat = |t: &Tensor<4>| {
-            t.clone()
-                .reshape([b, kvh, 1, s, d])
-                .expand([b, kvh, h / kvh, s, d])
-                .reshape([b, h, s, d])
-        };
-        let want = burn::tensor::module::attention(
-            q.clone(),
-            repeat(&k),
-            repeat(&v),
-            Some(inputs.mask.clone()),
-            None,
-            AttentionModuleOptions {
-                scale: Some(0.3),
-                softcap: None,
-                is_causal: false,
-            },
-        );
-        for chunk in [1, 3, 7] {
-            let got = attention_forward(&q, &k, &v, &bias, 0.3, chunk);
-            let diff = (got - want.clone()).abs().max().into_scalar::<f32>();
-            assert!(diff <= 1e-5, "chunk {chunk}: {diff}");
         }
     }
 

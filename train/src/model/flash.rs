@@ -640,8 +640,8 @@ mod tests {
     use burn::tensor::{Distribution, Tensor};
 
     use super::*;
+    use crate::model::blocked_attention::{Products, attention_backward, attention_forward};
     use crate::model::qwen3::{Batch, LayerInputs};
-    use crate::recompute::{attention_backward, attention_forward};
 
     /// `a` against `b`: relative L2 difference, and the largest element difference against `b`'s
     /// largest magnitude.
@@ -678,8 +678,18 @@ mod tests {
         let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
             .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
         let chunk = 37;
-        let want = attention_forward(&q, &k, &v, &bias, scale, chunk);
-        let want_grads = attention_backward(&q, &k, &v, &want, &d_out, &bias, scale, chunk);
+        let want = attention_forward(&q, &k, &v, &bias, scale, chunk, Products::F32);
+        let want_grads = attention_backward(
+            &q,
+            &k,
+            &v,
+            &want,
+            &d_out,
+            &bias,
+            scale,
+            chunk,
+            Products::F32,
+        );
 
         let mask = inputs.tiles.as_ref().expect("the CPU's tiles mask");
         let (got, saved) = forward(&q, &k, &v, mask, scale as f32);
@@ -711,7 +721,15 @@ mod tests {
                 tensor(v.collect(), t.dims(), &device)
             };
             let (q, k, v) = (round(&q), round(&k), round(&v));
-            let want = values(&attention_forward(&q, &k, &v, &bias, scale, chunk));
+            let want = values(&attention_forward(
+                &q,
+                &k,
+                &v,
+                &bias,
+                scale,
+                chunk,
+                Products::F32,
+            ));
             let got = values(&forward_in_bf16(&q, &k, &v, mask, scale as f32));
             let top = values(&v).iter().fold(0f32, |m, x| m.max(x.abs()));
             let bound = (2f32.powi(-9) + tol as f32) * top;

@@ -9,6 +9,7 @@
 //! - [`backend`]: CPU (flex) and GPU (wgpu) devices and precisions; `gpu_watch`: a GPU runtime
 //!   thread's panic ends the process with an error, not a hang; [`f16_safety`]: finite
 //!   checks of f16 products; `flash`: attention in tiles on the CPU (forward and backward);
+//!   `blocked_attention`: attention in blocks of query rows on any backend (a GPU's);
 //!   `cpu_ops`: the untaped forward's element-wise work on the CPU, fused; `bf16_gemm`: products
 //!   with a frozen bf16 weight by AVX512_BF16;
 //! - [`decision_model`]: a model with its tokenizer and decision config;
@@ -17,6 +18,7 @@
 pub mod backend;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16_gemm;
+pub(crate) mod blocked_attention;
 pub mod config;
 pub(crate) mod cpu_ops;
 pub(crate) mod decision_model;

@@ -1,0 +1,391 @@
+//! The attention core in blocks of query rows, of Burn operations, so it runs on any backend:
+//! `softmax(q·kᵀ·scale + mask)·v` and its gradients, one `[b, heads, chunk, s]` block of scores at
+//! a time, each block reading only the keys its causal rows can see. Layer recomputation
+//! (`crate::recompute`) runs a GPU's training step through it; the CPU has its own core in tiles
+//! ([`flash`](super::flash)).
+//!
+//! On an f16 base the matrix products run in f16 ([`Products`]): a GPU's tensor cores take 16-bit
+//! operands only. At the 4B shape (2 × 2048 tokens, recompute) the attention's products are an
+//! eighth of a training step's arithmetic: 13.0 of 102.5 TFLOP, nine products of 40 GFLOP per
+//! layer beside the projections' three passes of 29.8 TFLOP. The scores stay within f16's range
+//! by construction ([`Operands`]); the softmax and every output stay f32.
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, FloatDType, Tensor};
+
+use crate::model::qwen3::Qwen3;
+
+/// The rows `c0..c0 + c` of `t` (`[b, heads, s, d]`), with heads grouped by the key/value head
+/// they share: `[b, kv_heads, groups·c, d]`.
+fn grouped(t: &Tensor<4>, kvh: usize, c0: usize, c: usize) -> Tensor<4> {
+    let [b, h, _, d] = t.dims();
+    t.clone()
+        .narrow(2, c0, c)
+        .reshape([b, kvh, (h / kvh) * c, d])
+}
+
+/// The dtype of the blocked attention core's matrix products (`q·kᵀ` and `P·v`; backward `dO·vᵀ`,
+/// `Pᵀ·dO`, `dS·k` and `dSᵀ·q`): f32, or a half type. Everything between them (the mask,
+/// the softmax, the row sums of the backward pass) and every output stay f32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Products {
+    F32,
+    /// The products' operands and results in this type (f16 or bf16), as PyTorch's autocast runs
+    /// attention on a 16-bit base. A GPU's tensor cores take only 16-bit operands: an f32
+    /// product runs on its plain cores.
+    Half(FloatDType),
+}
+
+impl Products {
+    /// f16 on an f16 base, else f32.
+    pub(crate) fn of(model: &Qwen3) -> Self {
+        Self::for_weights(model.dtype())
+    }
+
+    /// f16 for weights in f16 (a Vulkan GPU's base), else f32. A bf16 base (Metal, the CPU)
+    /// keeps f32 until a Mac measures it: in a trial of recompute.rs's bf16 test with bf16
+    /// products, the tiny model's adapter gradients moved by 6.3e-2 relative L2 from f32
+    /// attention's; f16 products move them by 6.7e-3 (its f16 test).
+    pub(crate) fn for_weights(dtype: DType) -> Self {
+        match dtype {
+            DType::F16 => Products::Half(FloatDType::F16),
+            _ => Products::F32,
+        }
+    }
+}
+
+/// The largest magnitude a score takes in f16 before it is multiplied back to its value: 2^14,
+/// a factor of four below f16's largest finite value (65 504).
+const SCORE_PEAK: f32 = 16384.0;
+
+/// `q`, `k` and `v` as the products read them. For half products the scores are computed as
+/// `σ · ((q · scale / σ) · kᵀ)`: `σ ≥ 1` is chosen on the device from the largest query and key
+/// norms so that no score can pass [`SCORE_PEAK`] in the half type (by Cauchy–Schwarz,
+/// `|q·k| ≤ |q|·|k|`), whatever the magnitudes; no value is read back to the host.
+pub(crate) struct Operands {
+    /// `q`, or `q · scale / σ` in the half type.
+    pub(crate) q: Tensor<4>,
+    k: Tensor<4>,
+    /// `kᵀ`, `[b, kv_heads, d, s]`.
+    kt: Tensor<4>,
+    pub(crate) v: Tensor<4>,
+    /// σ as `[1, 1, 1, 1]` for half products.
+    sigma: Option<Tensor<4>>,
+    scale: f64,
+    products: Products,
+}
+
+impl Operands {
+    pub(crate) fn new(
+        q: &Tensor<4>,
+        k: &Tensor<4>,
+        v: &Tensor<4>,
+        scale: f64,
+        products: Products,
+    ) -> Self {
+        let (q, k, v, sigma) = match products {
+            Products::F32 => (q.clone(), k.clone(), v.clone(), None),
+            Products::Half(dtype) => {
+                // σ only bounds the scores' range: it leaves their values, so no gradient goes
+                // through it
+                let largest = |t: &Tensor<4>| t.clone().detach().square().sum_dim(3).max();
+                let sigma = (largest(q) * largest(k))
+                    .sqrt()
+                    .mul_scalar(scale / SCORE_PEAK as f64)
+                    .clamp_min(1.0)
+                    .reshape([1, 1, 1, 1]);
+                let q = (q.clone() * sigma.clone().recip().mul_scalar(scale)).cast(dtype);
+                (q, k.clone().cast(dtype), v.clone().cast(dtype), Some(sigma))
+            }
+        };
+        Operands {
+            kt: k.clone().swap_dims(2, 3),
+            q,
+            k,
+            v,
+            sigma,
+            scale,
+            products,
+        }
+    }
+
+    /// `t` as the products read it: itself in f32, else cast to the half type.
+    pub(crate) fn operand(&self, t: &Tensor<4>) -> Tensor<4> {
+        match self.products {
+            Products::F32 => t.clone(),
+            Products::Half(dtype) => t.clone().cast(dtype),
+        }
+    }
+
+    /// A product's result in f32.
+    pub(crate) fn result(&self, t: Tensor<4>) -> Tensor<4> {
+        match self.products {
+            Products::F32 => t,
+            Products::Half(_) => t.cast(FloatDType::F32),
+        }
+    }
+
+    /// The scores `q·kᵀ·scale` in f32 of queries `qc` (rows of [`Self::q`]) over the first `e`
+    /// keys.
+    pub(crate) fn scores(&self, qc: Tensor<4>, e: usize) -> Tensor<4> {
+        let product = qc.matmul(self.kt.clone().narrow(3, 0, e));
+        match &self.sigma {
+            None => product.mul_scalar(self.scale),
+            Some(sigma) => product.cast(FloatDType::F32) * sigma.clone(),
+        }
+    }
+
+    /// Softmax probabilities of one block of queries over the first `e` keys,
+    /// `[b, kv_heads, groups·c, e]`, from the block's queries `qc` (rows of [`Self::q`] as
+    /// [`grouped`] takes them) and the additive mask `bias` (`[b, 1, s, s]`: 0 or −∞) at query
+    /// rows `c0..c0 + c`. With `e = c0 + c` nothing is lost: the mask is causal, so those rows
+    /// give the later keys probability 0, and the block costs `e / s` of a full one.
+    fn block_probs(&self, qc: Tensor<4>, bias: &Tensor<4>, c0: usize, e: usize) -> Tensor<4> {
+        let [b, kvh, gc] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
+        let c = e - c0;
+        let groups = gc / c;
+        let scores = self.scores(qc, e).reshape([b, kvh, groups, c, e])
+            + bias
+                .clone()
+                .narrow(2, c0, c)
+                .narrow(3, 0, e)
+                .reshape([b, 1, 1, c, e]);
+        softmax(scores, 4).reshape([b, kvh, gc, e])
+    }
+}
+
+/// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`,
+/// in blocks of `chunk` query rows, its products as `products` says. `q` is `[b, heads, s, d]`,
+/// `k` and `v` `[b, kv_heads, s, d]`, `bias` `[b, 1, s, s]`, all f32; returns
+/// `[b, heads, s, d]` in f32.
+pub(crate) fn attention_forward(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    bias: &Tensor<4>,
+    scale: f64,
+    chunk: usize,
+    products: Products,
+) -> Tensor<4> {
+    let [b, h, s, d] = q.dims();
+    let kvh = k.dims()[1];
+    let ops = Operands::new(q, k, v, scale, products);
+    let blocks: Vec<Tensor<4>> = (0..s)
+        .step_by(chunk.max(1))
+        .map(|c0| {
+            let c = chunk.min(s - c0);
+            // Causal: rows up to c0 + c see no key beyond it.
+            let e = c0 + c;
+            let p = ops.block_probs(grouped(&ops.q, kvh, c0, c), bias, c0, e);
+            let out = ops.operand(&p).matmul(ops.v.clone().narrow(2, 0, e));
+            ops.result(out).reshape([b, h, c, d])
+        })
+        .collect();
+    Tensor::cat(blocks, 2)
+}
+
+/// The gradients `(dq, dk, dv)` of [`attention_forward`] given its output `out` and the output's
+/// gradient `d_out`, block by block, its products as `products` says: with `P` the block's
+/// probabilities, `dv += Pᵀ·dO`, `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`,
+/// `dk += dSᵀ·q`. For half products `dS` is rounded before its products without `scale`, and
+/// `dq` and `dk` take `scale` and σ after them (see [`Operands`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    out: &Tensor<4>,
+    d_out: &Tensor<4>,
+    bias: &Tensor<4>,
+    scale: f64,
+    chunk: usize,
+    products: Products,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let [b, h, s, d] = q.dims();
+    let kvh = k.dims()[1];
+    let ops = Operands::new(q, k, v, scale, products);
+    let vt = ops.v.clone().swap_dims(2, 3);
+    let d_out_op = ops.operand(d_out);
+    let mut dk = k.zeros_like();
+    let mut dv = v.zeros_like();
+    let mut dq = Vec::new();
+    for c0 in (0..s).step_by(chunk.max(1)) {
+        let c = chunk.min(s - c0);
+        // Causal: the block's rows reach keys 0..e only, and only those get gradients.
+        let e = c0 + c;
+        let head = [0..b, 0..kvh, 0..e, 0..d];
+        let qc = grouped(&ops.q, kvh, c0, c);
+        let p = ops.block_probs(qc.clone(), bias, c0, e);
+        let doc = grouped(&d_out_op, kvh, c0, c);
+        let pt = ops.operand(&p).swap_dims(2, 3);
+        let dv_e = dv.clone().slice(head.clone()) + ops.result(pt.matmul(doc.clone()));
+        dv = dv.slice_assign(head.clone(), dv_e);
+        let dp = ops.result(doc.matmul(vt.clone().narrow(3, 0, e)));
+        let (dq_c, dk_c) = match &ops.sigma {
+            None => {
+                let oc = grouped(out, kvh, c0, c);
+                let delta = (grouped(d_out, kvh, c0, c) * oc).sum_dim(3);
+                let ds = (p * (dp - delta)).mul_scalar(scale);
+                let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
+                (dq_c, ds.swap_dims(2, 3).matmul(qc))
+            }
+            Some(sigma) => {
+                // `rowsum(P ⊙ dP)`, equal to `rowsum(dO ⊙ O)` in exact arithmetic, here from the
+                // same rounded `dP` it is taken from: every row of `dS` then sums to zero as a
+                // softmax's gradient does, and a saturated row (one key at probability 1) gets
+                // none. From `O`, the products' rounding left `dS` at 1.3e-3 of the f32 path's
+                // `dq` (relative L2) and made a saturated row's gradient noise.
+                let delta = (p.clone() * dp.clone()).sum_dim(3);
+                let ds = ops.operand(&(p * (dp - delta)));
+                let dq_c = ops.result(ds.clone().matmul(ops.k.clone().narrow(2, 0, e)));
+                let dk_c = ops.result(ds.swap_dims(2, 3).matmul(qc));
+                (dq_c.mul_scalar(scale), dk_c * sigma.clone())
+            }
+        };
+        dq.push(dq_c.reshape([b, h, c, d]));
+        let dk_e = dk.clone().slice(head.clone()) + dk_c;
+        dk = dk.slice_assign(head, dk_e);
+    }
+    (Tensor::cat(dq, 2), dk, dv)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::*;
+    use crate::model::qwen3::{Batch, LayerInputs};
+    use crate::trainer_tests::values;
+
+    /// Two rows, the second left-padded: the mask matters.
+    fn batch() -> Batch {
+        let a: &[u32] = &[3, 7, 1, 9, 4, 2, 8];
+        let b: &[u32] = &[5, 8, 6];
+        Batch::left_padded(&[a, b], 0)
+    }
+
+    #[test]
+    fn blocked_attention_matches_burns() {
+        let device = burn::tensor::Device::flex();
+        let [b, h, kvh, s, d] = [2, 4, 2, 7, 8];
+        let q = Tensor::<4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let inputs = LayerInputs::new(&batch(), d, 10000.0, &device);
+        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
+            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+        let repeat = |t: &Tensor<4>| {
+            t.clone()
+                .reshape([b, kvh, 1, s, d])
+                .expand([b, kvh, h / kvh, s, d])
+                .reshape([b, h, s, d])
+        };
+        let want = burn::tensor::module::attention(
+            q.clone(),
+            repeat(&k),
+            repeat(&v),
+            Some(inputs.mask.clone()),
+            None,
+            AttentionModuleOptions {
+                scale: Some(0.3),
+                softcap: None,
+                is_causal: false,
+            },
+        );
+        for chunk in [1, 3, 7] {
+            let got = attention_forward(&q, &k, &v, &bias, 0.3, chunk, Products::F32);
+            let diff = (got - want.clone()).abs().max().into_scalar::<f32>();
+            assert!(diff <= 1e-5, "chunk {chunk}: {diff}");
+        }
+    }
+
+    /// The blocked core with its products in f16 and in bf16 against f32: the output and the
+    /// three gradients, at a trained model's magnitudes and with queries and keys loud enough that
+    /// a plain f16 product of the scores is infinite, which σ keeps finite. Relative L2 tolerances
+    /// of a few roundings of the half type (2^-11 for f16, 2^-8 for bf16); measured at most
+    /// 8.5e-4 in f16 (dk) and 6.3e-3 in bf16 (dq).
+    #[test]
+    fn half_products_match_f32_within_their_rounding() {
+        let _rng = crate::trainer_tests::device_rng();
+        let device = burn::tensor::Device::flex();
+        device.seed(21);
+        let [b, h, kvh, d] = [2, 4, 2, 8];
+        let (long, short): (Vec<u32>, Vec<u32>) = ((1..=40).collect(), (1..=23).collect());
+        let rows = Batch::left_padded(&[&long, &short], 0);
+        let s = rows.seq_len();
+        let inputs = LayerInputs::new(&rows, d, 10000.0, &device);
+        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
+            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
+        let normal =
+            |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (q, k) = (normal([b, h, s, d]).mul_scalar(2.0), normal([b, kvh, s, d]));
+        let (v, d_out) = (normal([b, kvh, s, d]), normal([b, h, s, d]));
+        let scale = 1.0 / (d as f64).sqrt();
+        let chunk = 9;
+        let run = |q: &Tensor<4>, k: &Tensor<4>, products| {
+            let out = attention_forward(q, k, &v, &bias, scale, chunk, products);
+            let (dq, dk, dv) =
+                attention_backward(q, k, &v, &out, &d_out, &bias, scale, chunk, products);
+            [out, dq, dk, dv].map(values)
+        };
+        let rel = |got: &[f32], want: &[f32]| {
+            let norm = |v: &mut dyn Iterator<Item = f32>| {
+                v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt()
+            };
+            let diff = norm(&mut got.iter().zip(want).map(|(a, b)| a - b));
+            diff / norm(&mut want.iter().copied()).max(1e-30)
+        };
+        let names = ["out", "dq", "dk", "dv"];
+        let f16 = Products::Half(FloatDType::F16);
+        let bf16 = Products::Half(FloatDType::BF16);
+        for (products, tol) in [(f16, 2e-3), (bf16, 1.5e-2)] {
+            let want = run(&q, &k, Products::F32);
+            let got = run(&q, &k, products);
+            for ((name, got), want) in names.iter().zip(&got).zip(&want) {
+                let r = rel(got, want);
+                assert!(
+                    r <= tol,
+                    "{products:?} {name}: relative L2 {r:e} over {tol:e}"
+                );
+                assert_ne!(
+                    got, want,
+                    "{products:?} {name}: the half type rounded nothing"
+                );
+            }
+        }
+
+        // Scores past f16's range: each query's softmax picks its largest key, so the output
+        // and dv follow the f32 path, and dq and dk are about zero in both; all finite.
+        let (q, k) = (q.mul_scalar(150.0), k.mul_scalar(300.0));
+        let plain = (q.clone().mul_scalar(scale).cast(FloatDType::F16)).matmul(
+            k.clone()
+                .cast(FloatDType::F16)
+                .swap_dims(2, 3)
+                .repeat_dim(1, h / kvh),
+        );
+        assert!(
+            values(plain.cast(FloatDType::F32))
+                .iter()
+                .any(|x| !x.is_finite()),
+            "the loud scores overflow a plain f16 product"
+        );
+        let want = run(&q, &k, Products::F32);
+        let got = run(&q, &k, f16);
+        let largest = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (i, name) in names.iter().enumerate() {
+            assert!(
+                got[i].iter().all(|x| x.is_finite()),
+                "loud {name}: not finite"
+            );
+            if i == 0 || i == 3 {
+                let r = rel(&got[i], &want[i]);
+                assert!(r <= 2e-3, "loud {name}: relative L2 {r:e}");
+            } else {
+                // f32 gives 1.7e-4 and 2.3e-4 here; the half path's rows of dS sum to zero
+                let (g, w) = (largest(&got[i]), largest(&want[i]));
+                assert!(g <= 1e-3 && w <= 1e-3, "loud {name}: {g:e} (f32 {w:e})");
+            }
+        }
+    }
+}
