@@ -36,7 +36,7 @@ use burn::tensor::{DType, Device, FloatDType, Tensor};
 use crate::model::blocked_attention::{Products, attention_backward, attention_forward};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
-use crate::model::qwen3::{Batch, LayerInputs, Qwen3};
+use crate::model::qwen3::{Batch, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3};
 use crate::replay;
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
@@ -53,10 +53,20 @@ const MIN_ROWS: usize = 128;
 
 /// Query rows per attention block for a batch of `b` rows of `s` tokens and `heads` heads: about
 /// `s / CAUSAL_BLOCKS` rows (at least `MIN_ROWS`), and never a block over `max_scores` scores
-/// ([`SCORE_BLOCK`], or what the device's largest buffer holds: `qwen3::score_budget`).
+/// ([`SCORE_BLOCK`], or what the device's largest buffer holds: `qwen3::score_budget`). A
+/// multiple of [`GPU_LENGTH_MULTIPLE`] where the budget allows: a GPU's batch length is one, so
+/// every block's rows and the keys it reads (`e`, a multiple of the rows) are too, and each
+/// product's rows and inner length divide into f16's widest vectors and a tensor core's tiles.
+/// At the 4B's 2 x 2048 tokens, 352 rows, where `s / 6` is 342 (which 2 alone divides).
 pub(crate) fn query_chunk(b: usize, heads: usize, s: usize, max_scores: usize) -> usize {
+    let m = GPU_LENGTH_MULTIPLE;
     let budget = max_scores / (b * heads * s).max(1);
-    let causal = s.div_ceil(CAUSAL_BLOCKS).max(MIN_ROWS);
+    let budget = if budget >= m {
+        budget - budget % m
+    } else {
+        budget
+    };
+    let causal = s.div_ceil(CAUSAL_BLOCKS).max(MIN_ROWS).next_multiple_of(m);
     budget.min(causal).clamp(1, s.max(1))
 }
 
@@ -728,10 +738,14 @@ mod tests {
 
     #[test]
     fn query_chunks_keep_a_block_within_budget() {
-        assert_eq!(query_chunk(1, 32, 2048, SCORE_BLOCK), 342);
+        // about a sixth of the rows, rounded up to a multiple of 16 (342 and 172 before)
+        assert_eq!(query_chunk(1, 32, 2048, SCORE_BLOCK), 352);
         assert_eq!(query_chunk(1, 2, 8, SCORE_BLOCK), 8);
         assert_eq!(query_chunk(2, 16, 200, SCORE_BLOCK), 128);
-        assert_eq!(query_chunk(2, 16, 1030, SCORE_BLOCK), 172);
+        assert_eq!(query_chunk(2, 16, 1030, SCORE_BLOCK), 176);
+        // a budget of 100 rows a block: 96, the multiple of 16 below it
+        assert_eq!(query_chunk(1, 3, 1000, 3 * 1000 * 100), 96);
+        // under 16 rows a block, what the budget allows
         assert_eq!(query_chunk(64, 32, 8192, SCORE_BLOCK), 4);
         let c = query_chunk(2, 32, 2048, SCORE_BLOCK);
         assert!(2 * 32 * c * 2048 <= SCORE_BLOCK && c >= 1);
@@ -739,6 +753,6 @@ mod tests {
         // the budget bounds halve, and the causal cap stays where it was the smaller
         assert_eq!(query_chunk(64, 32, 8192, 1 << 25), 2);
         assert_eq!(query_chunk(2, 32, 2048, 1 << 25), 256);
-        assert_eq!(query_chunk(1, 32, 2048, 1 << 25), 342);
+        assert_eq!(query_chunk(1, 32, 2048, 1 << 25), 352);
     }
 }

@@ -272,7 +272,14 @@ impl Attention {
         let (k, v) = (repeat_kv(k, groups), repeat_kv(v, groups));
         let [b, h, n, _] = q.dims();
         let s = k.dims()[2];
-        let rows = (max_scores / (b * h * s).max(1)).clamp(1, n.max(1));
+        // a multiple of 16 rows where the budget allows, as `recompute::query_chunk` takes them
+        let rows = max_scores / (b * h * s).max(1);
+        let rows = if rows >= GPU_LENGTH_MULTIPLE {
+            rows - rows % GPU_LENGTH_MULTIPLE
+        } else {
+            rows
+        };
+        let rows = rows.clamp(1, n.max(1));
         let options = AttentionModuleOptions {
             scale: Some(self.scale()),
             softcap: None,
