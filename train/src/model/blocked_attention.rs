@@ -141,6 +141,11 @@ impl Operands {
     /// rows `c0..c0 + c`. With `e = c0 + c` nothing is lost: the mask is causal, so those rows
     /// give the later keys probability 0, and the block costs `e / s` of a full one.
     fn block_probs(&self, qc: Tensor<4>, bias: &Tensor<4>, c0: usize, e: usize) -> Tensor<4> {
+        softmax(self.block_scores(qc, bias, c0, e), 3)
+    }
+
+    /// The scores [`Self::block_probs`] takes the softmax of, the mask added.
+    fn block_scores(&self, qc: Tensor<4>, bias: &Tensor<4>, c0: usize, e: usize) -> Tensor<4> {
         let [b, kvh, gc] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
         let c = e - c0;
         let groups = gc / c;
@@ -150,7 +155,24 @@ impl Operands {
                 .narrow(2, c0, c)
                 .narrow(3, 0, e)
                 .reshape([b, 1, 1, c, e]);
-        softmax(scores, 4).reshape([b, kvh, gc, e])
+        scores.reshape([b, kvh, gc, e])
+    }
+
+    /// `softmax(scores)·v` over the last axis of `scores` (`[.., n, e]`, the mask in them) and
+    /// `v`'s first `e` rows, with the softmax's division after the product: `exp(scores − max)·v`
+    /// divided by the row sums of `exp(scores − max)`. So the division reads the `d`-wide output
+    /// instead of the `e`-wide scores, where Burn's attention ran it as a launch of its own over
+    /// the whole block (docs/results.md, "Scoring's attention through Burn's fusion"). The sums
+    /// are taken after the product: taken before it, Burn's fusion planner ran 19 operations of
+    /// scoring's layer unfused.
+    pub(crate) fn weighted_values(&self, scores: Tensor<4>, e: usize) -> Tensor<4> {
+        let dim = 3;
+        let weights = (scores.clone() - scores.max_dim(dim)).exp();
+        let out = self
+            .operand(&weights)
+            .matmul(self.v.clone().narrow(2, 0, e));
+        let sums = weights.sum_dim(dim);
+        self.result(out) / sums
     }
 }
 
@@ -176,9 +198,8 @@ pub(crate) fn attention_forward(
             let c = chunk.min(s - c0);
             // Causal: rows up to c0 + c see no key beyond it.
             let e = c0 + c;
-            let p = ops.block_probs(grouped(&ops.q, kvh, c0, c), bias, c0, e);
-            let out = ops.operand(&p).matmul(ops.v.clone().narrow(2, 0, e));
-            ops.result(out).reshape([b, h, c, d])
+            let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias, c0, e);
+            ops.weighted_values(scores, e).reshape([b, h, c, d])
         })
         .collect();
     Tensor::cat(blocks, 2)

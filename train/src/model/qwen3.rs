@@ -10,7 +10,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::silu;
 use burn::tensor::module::{attention, embedding, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, FloatDType};
@@ -285,22 +285,22 @@ impl Attention {
             softcap: None,
             is_causal: false,
         };
-        // Untaped on an f16 base, the products in f16, as the recomputed step's core computes
-        // them (`blocked_attention::Products`). On a tape, Burn's attention in f32: its backward would
-        // carry the products' gradients in f16, where the unscaled loss of a test's model with a
-        // loud residual stream lost 15 % of some adapters' gradients to underflow.
-        let half = match Products::for_weights(self.q_proj.weight.val().dtype()) {
-            Products::Half(dtype) if !q.is_tracked() => Some(dtype),
-            _ => None,
-        };
-        let ops = half.map(|dtype| Operands::new(&q, &k, &v, self.scale(), Products::Half(dtype)));
+        // Untaped, the core in Burn operations, as the recomputed step's is: Burn's fusion fuses
+        // the mask and the softmax into few kernels, where Burn's attention (its fallback without
+        // autotuning) runs beneath fusion, its mask, subtraction and division one launch each
+        // over the whole block of scores (docs/results.md, "Scoring's attention through Burn's
+        // fusion"); and on an f16 base the products in f16 (`blocked_attention::Products`). On a
+        // tape, Burn's attention in f32: its backward would carry the products' gradients in f16,
+        // where the unscaled loss of a test's model with a loud residual stream lost 15 % of some
+        // adapters' gradients to underflow.
+        let products = Products::for_weights(self.q_proj.weight.val().dtype());
+        let ops = (!q.is_tracked()).then(|| Operands::new(&q, &k, &v, self.scale(), products));
         let q = ops.as_ref().map_or(q, |ops| ops.q.clone());
         let block = |q: Tensor<4>, mask: Tensor<4, Bool>| match &ops {
             None => attention(q, k.clone(), v.clone(), Some(mask), None, options),
             Some(ops) => {
                 let scores = ops.scores(q, s).mask_fill(mask, f32::NEG_INFINITY);
-                let p = softmax(scores, 3);
-                ops.result(ops.operand(&p).matmul(ops.v.clone()))
+                ops.weighted_values(scores, s)
             }
         };
         if rows >= n {
