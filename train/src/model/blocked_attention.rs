@@ -208,8 +208,9 @@ pub(crate) fn attention_forward(
 /// The gradients `(dq, dk, dv)` of [`attention_forward`] given its output `out` and the output's
 /// gradient `d_out`, block by block, its products as `products` says: with `P` the block's
 /// probabilities, `dv += Pᵀ·dO`, `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`,
-/// `dk += dSᵀ·q`. For half products `dS` is rounded before its products without `scale`, and
-/// `dq` and `dk` take `scale` and σ after them (see [`Operands`]).
+/// `dk += dSᵀ·q`. For half products the row sums are `rowsum(P ⊙ dP)` (equal in exact
+/// arithmetic), `dS` is rounded before its products without `scale`, and `dq` and `dk` take
+/// `scale` and σ after them (see [`Operands`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward(
     q: &Tensor<4>,

@@ -247,19 +247,19 @@ impl Attention {
         self.output(out, checks)
     }
 
-    /// The backend's attention of queries `[b, heads, n, d]` over keys and values `[b, kv_heads,
-    /// s, d]` under `mask` `[b, 1, n, s]`, in blocks of query rows whose scores fit
-    /// [`score_budget`].
+    /// Attention of queries `[b, heads, n, d]` over keys and values `[b, kv_heads, s, d]` under
+    /// `mask` `[b, 1, n, s]`, in blocks of query rows whose scores fit [`score_budget`].
     fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, mask: Tensor<4, Bool>) -> Tensor<4> {
         let budget = score_budget(&q.device());
         self.core_in_blocks(q, k, v, mask, budget)
     }
 
     /// [`Self::core`] with at most `max_scores` attention scores (`b · heads · rows · s`) per
-    /// block of query rows. Without autotuning, Burn's GPU attention materialises the scores
-    /// (its fallback): the 4B model's evaluation at 16 rows of 2048 tokens would ask for one
-    /// 8 GiB buffer (past the 4 GiB storage-buffer range Vulkan drivers commonly state, unless
-    /// cubecl takes 64-bit indexing) and three such tensors, far past the plan.
+    /// block of query rows. The scores are materialised (as Burn's GPU attention does without
+    /// autotuning, its fallback): the 4B model's evaluation at 16 rows of 2048 tokens in one
+    /// block would ask for one 8 GiB buffer (past the 4 GiB storage-buffer range Vulkan drivers
+    /// commonly state, unless cubecl takes 64-bit indexing) and three such tensors, far past the
+    /// plan.
     pub(crate) fn core_in_blocks(
         &self,
         q: Tensor<4>,
@@ -1000,7 +1000,7 @@ mod tests {
         }
     }
 
-    /// The attention core in blocks of query rows (what keeps Burn's GPU attention within a
+    /// The attention core in blocks of query rows (what keeps a GPU's attention within a
     /// buffer) gives the whole core's output, whatever the block: one row, rows that do not
     /// divide the sequence, or all of them; on an f16 base too, whose untaped core computes its
     /// products in f16 (within 2e-3 relative in L2 norm of the f32 core's output; measured
