@@ -319,7 +319,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // On a GPU an f16 base's core computes its products in f16
     // (`crate::model::blocked_attention::Products`), from f16 copies of q, k, v and the heads'
     // gradient.
-    let core = if cfg.train.backend != Backend::Cpu && w == 2 && cfg.train.dtype == Precision::F16 {
+    let f16_base = w == 2 && cfg.train.dtype == Precision::F16;
+    let core = if cfg.train.backend != Backend::Cpu && f16_base {
         core + (2 * qd + 2 * kvd) * 2
     } else {
         core
@@ -358,11 +359,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     };
     // Each layer's input, kept for the replay: f32, or on an f16 base in f16 with each token's
     // scale (`crate::recompute::Keep::Scaled`).
-    let kept = if w == 2 && cfg.train.dtype == Precision::F16 {
-        h * 2 + 4
-    } else {
-        h * a
-    };
+    let kept = if f16_base { h * 2 + 4 } else { h * a };
     let recompute = tokens * layers * kept
         + tokens * (replay_layer + core + 3 * h * 4)
         + scores

@@ -36,7 +36,7 @@ use burn::tensor::{DType, Device, FloatDType, Tensor};
 use crate::model::blocked_attention::{Products, attention_backward, attention_forward};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
-use crate::model::qwen3::{Batch, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3};
+use crate::model::qwen3::{Batch, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows};
 use crate::replay;
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
@@ -59,14 +59,11 @@ const MIN_ROWS: usize = 128;
 /// product's rows and inner length divide into f16's widest vectors and a tensor core's tiles.
 /// At the 4B's 2 x 2048 tokens, 352 rows, where `s / 6` is 342 (which 2 alone divides).
 pub(crate) fn query_chunk(b: usize, heads: usize, s: usize, max_scores: usize) -> usize {
-    let m = GPU_LENGTH_MULTIPLE;
-    let budget = max_scores / (b * heads * s).max(1);
-    let budget = if budget >= m {
-        budget - budget % m
-    } else {
-        budget
-    };
-    let causal = s.div_ceil(CAUSAL_BLOCKS).max(MIN_ROWS).next_multiple_of(m);
+    let budget = whole_multiple_rows(max_scores / (b * heads * s).max(1));
+    let causal = s
+        .div_ceil(CAUSAL_BLOCKS)
+        .max(MIN_ROWS)
+        .next_multiple_of(GPU_LENGTH_MULTIPLE);
     budget.min(causal).clamp(1, s.max(1))
 }
 

@@ -1199,7 +1199,7 @@ pub(crate) fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 }
 
 /// ‖a − b‖ / ‖b‖.
-fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
     let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt();
     norm(&mut a.iter().zip(b).map(|(x, y)| x - y)) / norm(&mut b.iter().copied())
 }

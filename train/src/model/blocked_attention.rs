@@ -278,7 +278,7 @@ mod tests {
 
     use super::*;
     use crate::model::qwen3::{Batch, LayerInputs};
-    use crate::trainer_tests::values;
+    use crate::trainer_tests::{relative_l2, values};
 
     /// Two rows, the second left-padded: the mask matters.
     fn batch() -> Batch {
@@ -351,13 +351,6 @@ mod tests {
                 attention_backward(q, k, &v, &out, &d_out, &bias, scale, chunk, products);
             [out, dq, dk, dv].map(values)
         };
-        let rel = |got: &[f32], want: &[f32]| {
-            let norm = |v: &mut dyn Iterator<Item = f32>| {
-                v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt()
-            };
-            let diff = norm(&mut got.iter().zip(want).map(|(a, b)| a - b));
-            diff / norm(&mut want.iter().copied()).max(1e-30)
-        };
         let names = ["out", "dq", "dk", "dv"];
         let f16 = Products::Half(FloatDType::F16);
         let bf16 = Products::Half(FloatDType::BF16);
@@ -365,7 +358,7 @@ mod tests {
             let want = run(&q, &k, Products::F32);
             let got = run(&q, &k, products);
             for ((name, got), want) in names.iter().zip(&got).zip(&want) {
-                let r = rel(got, want);
+                let r = relative_l2(got, want);
                 assert!(
                     r <= tol,
                     "{products:?} {name}: relative L2 {r:e} over {tol:e}"
@@ -401,7 +394,7 @@ mod tests {
                 "loud {name}: not finite"
             );
             if i == 0 || i == 3 {
-                let r = rel(&got[i], &want[i]);
+                let r = relative_l2(&got[i], &want[i]);
                 assert!(r <= 2e-3, "loud {name}: relative L2 {r:e}");
             } else {
                 // f32 gives 1.7e-4 and 2.3e-4 here; the half path's rows of dS sum to zero

@@ -273,13 +273,7 @@ impl Attention {
         let [b, h, n, _] = q.dims();
         let s = k.dims()[2];
         // a multiple of 16 rows where the budget allows, as `recompute::query_chunk` takes them
-        let rows = max_scores / (b * h * s).max(1);
-        let rows = if rows >= GPU_LENGTH_MULTIPLE {
-            rows - rows % GPU_LENGTH_MULTIPLE
-        } else {
-            rows
-        };
-        let rows = rows.clamp(1, n.max(1));
+        let rows = whole_multiple_rows(max_scores / (b * h * s).max(1)).clamp(1, n.max(1));
         let options = AttentionModuleOptions {
             scale: Some(self.scale()),
             softcap: None,
@@ -568,6 +562,16 @@ pub struct Batch {
 /// 16) they compile no new kind after their first few (docs/results.md, "Batch lengths on a GPU").
 /// The CPU compiles nothing and pads nothing.
 pub const GPU_LENGTH_MULTIPLE: usize = 16;
+
+/// Query rows for an attention block that may hold at most `rows`: a multiple of
+/// [`GPU_LENGTH_MULTIPLE`] below it, or `rows` itself when that is fewer than one multiple.
+pub(crate) fn whole_multiple_rows(rows: usize) -> usize {
+    if rows >= GPU_LENGTH_MULTIPLE {
+        rows - rows % GPU_LENGTH_MULTIPLE
+    } else {
+        rows
+    }
+}
 
 /// The length a batch whose longest row has `longest` tokens runs at, on a GPU or on the CPU.
 pub fn run_length(longest: usize, gpu: bool) -> usize {
@@ -1057,9 +1061,7 @@ mod tests {
         }
         let want = run(&model.model.layers[0].self_attn, usize::MAX);
         let got = run(&half.model.layers[0].self_attn, usize::MAX);
-        let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| (x * x) as f64).sum::<f64>().sqrt();
-        let rel =
-            norm(&mut want.iter().zip(&got).map(|(a, b)| a - b)) / norm(&mut want.iter().copied());
+        let rel = crate::trainer_tests::relative_l2(&got, &want);
         assert!(
             rel <= 2e-3 && rel > 0.0,
             "f16 products against f32: {rel:e}"
