@@ -19,10 +19,9 @@
 //!
 //! Within a layer the attention core is not taped at all. On the CPU, [`flash`] computes it and
 //! its gradient in tiles of queries and keys, with no score tensor. On other backends
-//! [`attention_forward`] and [`attention_backward`] do, block by block of queries, of Burn
-//! operations (`crate::model::blocked_attention`; in f16 on an f16 base), so at most one
-//! `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings) is alive at a
-//! time. The layer is taped in two pieces around the core:
+//! [`BlockedCore`] does, block by block of queries, of Burn operations (in f16 on an f16 base),
+//! so at most one `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings)
+//! is alive at a time. The layer is taped in two pieces around the core:
 //! `x → (q, k, v)` and `(x, heads) → out`.
 //!
 //! The gradients equal those of the ordinary pass up to float rounding (tests in
@@ -33,7 +32,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{DType, Device, FloatDType, Tensor};
 
-use crate::model::blocked_attention::{Products, attention_backward, attention_forward};
+use crate::model::blocked_attention::{BlockedCore, Products};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
 use crate::model::qwen3::{Batch, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows};
@@ -203,11 +202,7 @@ pub(crate) enum CoreKind {
 /// The attention core of one step, with what it needs of the mask.
 enum Core<'a> {
     Tiles(&'a flash::Mask),
-    Blocks {
-        bias: Box<Tensor<4>>,
-        chunk: usize,
-        products: Products,
-    },
+    Blocks(Box<BlockedCore>),
 }
 
 impl<'a> Core<'a> {
@@ -220,55 +215,40 @@ impl<'a> Core<'a> {
                     .expect("the tiles' mask is built on the plain CPU device"),
             ),
             CoreKind::Blocks(chunk) => {
-                let bias = Tensor::<4>::zeros(inputs.mask.dims(), &inputs.mask.device())
-                    .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
-                Core::Blocks {
-                    bias: Box::new(bias),
-                    chunk,
-                    products,
-                }
+                Core::Blocks(Box::new(BlockedCore::new(&inputs.mask, chunk, products)))
             }
         }
     }
 
     fn forward(
         &self,
-        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
     ) -> (Tensor<4>, Option<flash::Saved>) {
         match self {
             Core::Tiles(mask) => {
+                let (q, k, v) = qkv;
                 let (out, saved) = flash::forward(q, k, v, mask, scale as f32);
                 (out, Some(saved))
             }
-            Core::Blocks {
-                bias,
-                chunk,
-                products,
-            } => (
-                attention_forward(q, k, v, bias, scale, *chunk, *products),
-                None,
-            ),
+            Core::Blocks(core) => (core.forward(qkv, scale), None),
         }
     }
 
     fn backward(
         &self,
-        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         (out, saved): (&Tensor<4>, Option<&flash::Saved>),
         d_out: &Tensor<4>,
         scale: f64,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         match self {
             Core::Tiles(mask) => {
+                let (q, k, v) = qkv;
                 let saved = saved.expect("the tiled forward pass saves its row sums");
                 flash::backward(q, k, v, out, saved, d_out, mask, scale as f32)
             }
-            Core::Blocks {
-                bias,
-                chunk,
-                products,
-            } => attention_backward(q, k, v, out, d_out, bias, scale, *chunk, *products),
+            Core::Blocks(core) => core.backward(qkv, out, d_out, scale),
         }
     }
 }

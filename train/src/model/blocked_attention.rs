@@ -11,7 +11,7 @@
 //! by construction ([`Operands`]); the softmax and every output stay f32.
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, FloatDType, Tensor};
+use burn::tensor::{Bool, DType, FloatDType, Tensor};
 
 use crate::model::qwen3::Qwen3;
 
@@ -176,99 +176,112 @@ impl Operands {
     }
 }
 
-/// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`,
-/// in blocks of `chunk` query rows, its products as `products` says. `q` is `[b, heads, s, d]`,
-/// `k` and `v` `[b, kv_heads, s, d]`, `bias` `[b, 1, s, s]`, all f32; returns
-/// `[b, heads, s, d]` in f32.
-pub(crate) fn attention_forward(
-    q: &Tensor<4>,
-    k: &Tensor<4>,
-    v: &Tensor<4>,
-    bias: &Tensor<4>,
-    scale: f64,
+/// The blocked core as one step runs it: the batch's mask as an additive bias `[b, 1, s, s]`
+/// (0 where a query sees a key, −∞ elsewhere), `chunk` query rows per block, and the dtype of
+/// the products.
+pub(crate) struct BlockedCore {
+    bias: Tensor<4>,
     chunk: usize,
     products: Products,
-) -> Tensor<4> {
-    let [b, h, s, d] = q.dims();
-    let kvh = k.dims()[1];
-    let ops = Operands::new(q, k, v, scale, products);
-    let blocks: Vec<Tensor<4>> = (0..s)
-        .step_by(chunk.max(1))
-        .map(|c0| {
-            let c = chunk.min(s - c0);
-            // Causal: rows up to c0 + c see no key beyond it.
-            let e = c0 + c;
-            let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias, c0, e);
-            ops.weighted_values(scores, e).reshape([b, h, c, d])
-        })
-        .collect();
-    Tensor::cat(blocks, 2)
 }
 
-/// The gradients `(dq, dk, dv)` of [`attention_forward`] given its output `out` and the output's
-/// gradient `d_out`, block by block, its products as `products` says: with `P` the block's
-/// probabilities, `dv += Pᵀ·dO`, `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`,
-/// `dk += dSᵀ·q`. For half products the row sums are `rowsum(P ⊙ dP)` (equal in exact
-/// arithmetic), `dS` is rounded before its products without `scale`, and `dq` and `dk` take
-/// `scale` and σ after them (see [`Operands`]).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward(
-    q: &Tensor<4>,
-    k: &Tensor<4>,
-    v: &Tensor<4>,
-    out: &Tensor<4>,
-    d_out: &Tensor<4>,
-    bias: &Tensor<4>,
-    scale: f64,
-    chunk: usize,
-    products: Products,
-) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-    let [b, h, s, d] = q.dims();
-    let kvh = k.dims()[1];
-    let ops = Operands::new(q, k, v, scale, products);
-    let vt = ops.v.clone().swap_dims(2, 3);
-    let d_out_op = ops.operand(d_out);
-    let mut dk = k.zeros_like();
-    let mut dv = v.zeros_like();
-    let mut dq = Vec::new();
-    for c0 in (0..s).step_by(chunk.max(1)) {
-        let c = chunk.min(s - c0);
-        // Causal: the block's rows reach keys 0..e only, and only those get gradients.
-        let e = c0 + c;
-        let head = [0..b, 0..kvh, 0..e, 0..d];
-        let qc = grouped(&ops.q, kvh, c0, c);
-        let p = ops.block_probs(qc.clone(), bias, c0, e);
-        let doc = grouped(&d_out_op, kvh, c0, c);
-        let pt = ops.operand(&p).swap_dims(2, 3);
-        let dv_e = dv.clone().slice(head.clone()) + ops.result(pt.matmul(doc.clone()));
-        dv = dv.slice_assign(head.clone(), dv_e);
-        let dp = ops.result(doc.matmul(vt.clone().narrow(3, 0, e)));
-        let (dq_c, dk_c) = match &ops.sigma {
-            None => {
-                let oc = grouped(out, kvh, c0, c);
-                let delta = (grouped(d_out, kvh, c0, c) * oc).sum_dim(3);
-                let ds = (p * (dp - delta)).mul_scalar(scale);
-                let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
-                (dq_c, ds.swap_dims(2, 3).matmul(qc))
-            }
-            Some(sigma) => {
-                // `rowsum(P ⊙ dP)`, equal to `rowsum(dO ⊙ O)` in exact arithmetic, here from the
-                // same rounded `dP` it is taken from: every row of `dS` then sums to zero as a
-                // softmax's gradient does, and a saturated row (one key at probability 1) gets
-                // none. From `O`, the products' rounding left `dS` at 1.3e-3 of the f32 path's
-                // `dq` (relative L2) and made a saturated row's gradient noise.
-                let delta = (p.clone() * dp.clone()).sum_dim(3);
-                let ds = ops.operand(&(p * (dp - delta)));
-                let dq_c = ops.result(ds.clone().matmul(ops.k.clone().narrow(2, 0, e)));
-                let dk_c = ops.result(ds.swap_dims(2, 3).matmul(qc));
-                (dq_c.mul_scalar(scale), dk_c * sigma.clone())
-            }
-        };
-        dq.push(dq_c.reshape([b, h, c, d]));
-        let dk_e = dk.clone().slice(head.clone()) + dk_c;
-        dk = dk.slice_assign(head, dk_e);
+impl BlockedCore {
+    /// For a batch whose `mask` (`[b, 1, s, s]`, true where a query may not see a key) the
+    /// layer inputs carry.
+    pub(crate) fn new(mask: &Tensor<4, Bool>, chunk: usize, products: Products) -> Self {
+        let bias = Tensor::<4>::zeros(mask.dims(), &mask.device())
+            .mask_fill(mask.clone(), f32::NEG_INFINITY);
+        Self {
+            bias,
+            chunk: chunk.max(1),
+            products,
+        }
     }
-    (Tensor::cat(dq, 2), dk, dv)
+
+    /// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`.
+    /// `q` is `[b, heads, s, d]`, `k` and `v` `[b, kv_heads, s, d]`, all f32; returns
+    /// `[b, heads, s, d]` in f32.
+    pub(crate) fn forward(
+        &self,
+        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        scale: f64,
+    ) -> Tensor<4> {
+        let [b, h, s, d] = q.dims();
+        let kvh = k.dims()[1];
+        let ops = Operands::new(q, k, v, scale, self.products);
+        let blocks: Vec<Tensor<4>> = (0..s)
+            .step_by(self.chunk)
+            .map(|c0| {
+                let c = self.chunk.min(s - c0);
+                // Causal: rows up to c0 + c see no key beyond it.
+                let e = c0 + c;
+                let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), &self.bias, c0, e);
+                ops.weighted_values(scores, e).reshape([b, h, c, d])
+            })
+            .collect();
+        Tensor::cat(blocks, 2)
+    }
+
+    /// The gradients `(dq, dk, dv)` of [`Self::forward`] given its output `out` and the output's
+    /// gradient `d_out`, block by block: with `P` the block's probabilities, `dv += Pᵀ·dO`,
+    /// `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`, `dk += dSᵀ·q`. For half products
+    /// the row sums are `rowsum(P ⊙ dP)` (equal in exact arithmetic), `dS` is rounded before its
+    /// products without `scale`, and `dq` and `dk` take `scale` and σ after them (see
+    /// [`Operands`]).
+    pub(crate) fn backward(
+        &self,
+        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        out: &Tensor<4>,
+        d_out: &Tensor<4>,
+        scale: f64,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, h, s, d] = q.dims();
+        let kvh = k.dims()[1];
+        let ops = Operands::new(q, k, v, scale, self.products);
+        let vt = ops.v.clone().swap_dims(2, 3);
+        let d_out_op = ops.operand(d_out);
+        let mut dk = k.zeros_like();
+        let mut dv = v.zeros_like();
+        let mut dq = Vec::new();
+        for c0 in (0..s).step_by(self.chunk) {
+            let c = self.chunk.min(s - c0);
+            // Causal: the block's rows reach keys 0..e only, and only those get gradients.
+            let e = c0 + c;
+            let head = [0..b, 0..kvh, 0..e, 0..d];
+            let qc = grouped(&ops.q, kvh, c0, c);
+            let p = ops.block_probs(qc.clone(), &self.bias, c0, e);
+            let doc = grouped(&d_out_op, kvh, c0, c);
+            let pt = ops.operand(&p).swap_dims(2, 3);
+            let dv_e = dv.clone().slice(head.clone()) + ops.result(pt.matmul(doc.clone()));
+            dv = dv.slice_assign(head.clone(), dv_e);
+            let dp = ops.result(doc.matmul(vt.clone().narrow(3, 0, e)));
+            let (dq_c, dk_c) = match &ops.sigma {
+                None => {
+                    let oc = grouped(out, kvh, c0, c);
+                    let delta = (grouped(d_out, kvh, c0, c) * oc).sum_dim(3);
+                    let ds = (p * (dp - delta)).mul_scalar(scale);
+                    let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
+                    (dq_c, ds.swap_dims(2, 3).matmul(qc))
+                }
+                Some(sigma) => {
+                    // `rowsum(P ⊙ dP)`, equal to `rowsum(dO ⊙ O)` in exact arithmetic, here from
+                    // the same rounded `dP` it is taken from: every row of `dS` then sums to zero
+                    // as a softmax's gradient does, and a saturated row (one key at probability
+                    // 1) gets none. From `O`, the products' rounding left `dS` at 1.3e-3 of the
+                    // f32 path's `dq` (relative L2) and made a saturated row's gradient noise.
+                    let delta = (p.clone() * dp.clone()).sum_dim(3);
+                    let ds = ops.operand(&(p * (dp - delta)));
+                    let dq_c = ops.result(ds.clone().matmul(ops.k.clone().narrow(2, 0, e)));
+                    let dk_c = ops.result(ds.swap_dims(2, 3).matmul(qc));
+                    (dq_c.mul_scalar(scale), dk_c * sigma.clone())
+                }
+            };
+            dq.push(dq_c.reshape([b, h, c, d]));
+            let dk_e = dk.clone().slice(head.clone()) + dk_c;
+            dk = dk.slice_assign(head, dk_e);
+        }
+        (Tensor::cat(dq, 2), dk, dv)
+    }
 }
 
 #[cfg(test)]
@@ -295,8 +308,6 @@ mod tests {
         let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
         let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
         let inputs = LayerInputs::new(&batch(), d, 10000.0, &device);
-        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
-            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
         let repeat = |t: &Tensor<4>| {
             t.clone()
                 .reshape([b, kvh, 1, s, d])
@@ -316,7 +327,8 @@ mod tests {
             },
         );
         for chunk in [1, 3, 7] {
-            let got = attention_forward(&q, &k, &v, &bias, 0.3, chunk, Products::F32);
+            let core = BlockedCore::new(&inputs.mask, chunk, Products::F32);
+            let got = core.forward((&q, &k, &v), 0.3);
             let diff = (got - want.clone()).abs().max().into_scalar::<f32>();
             assert!(diff <= 1e-5, "chunk {chunk}: {diff}");
         }
@@ -337,8 +349,6 @@ mod tests {
         let rows = Batch::left_padded(&[&long, &short], 0);
         let s = rows.seq_len();
         let inputs = LayerInputs::new(&rows, d, 10000.0, &device);
-        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
-            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
         let normal =
             |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
         let (q, k) = (normal([b, h, s, d]).mul_scalar(2.0), normal([b, kvh, s, d]));
@@ -346,9 +356,9 @@ mod tests {
         let scale = 1.0 / (d as f64).sqrt();
         let chunk = 9;
         let run = |q: &Tensor<4>, k: &Tensor<4>, products| {
-            let out = attention_forward(q, k, &v, &bias, scale, chunk, products);
-            let (dq, dk, dv) =
-                attention_backward(q, k, &v, &out, &d_out, &bias, scale, chunk, products);
+            let core = BlockedCore::new(&inputs.mask, chunk, products);
+            let out = core.forward((q, k, &v), scale);
+            let (dq, dk, dv) = core.backward((q, k, &v), &out, &d_out, scale);
             [out, dq, dk, dv].map(values)
         };
         let names = ["out", "dq", "dk", "dv"];

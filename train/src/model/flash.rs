@@ -640,7 +640,7 @@ mod tests {
     use burn::tensor::{Distribution, Tensor};
 
     use super::*;
-    use crate::model::blocked_attention::{Products, attention_backward, attention_forward};
+    use crate::model::blocked_attention::{BlockedCore, Products};
     use crate::model::qwen3::{Batch, LayerInputs};
 
     /// `a` against `b`: relative L2 difference, and the largest element difference against `b`'s
@@ -675,21 +675,9 @@ mod tests {
         let (k, v) = (normal([b, kvh, s, d]), normal([b, kvh, s, d]));
         let d_out = normal([b, h, s, d]);
         let scale = 1.0 / (d as f64).sqrt();
-        let bias = Tensor::<4>::zeros([b, 1, s, s], &device)
-            .mask_fill(inputs.mask.clone(), f32::NEG_INFINITY);
-        let chunk = 37;
-        let want = attention_forward(&q, &k, &v, &bias, scale, chunk, Products::F32);
-        let want_grads = attention_backward(
-            &q,
-            &k,
-            &v,
-            &want,
-            &d_out,
-            &bias,
-            scale,
-            chunk,
-            Products::F32,
-        );
+        let blocked = BlockedCore::new(&inputs.mask, 37, Products::F32);
+        let want = blocked.forward((&q, &k, &v), scale);
+        let want_grads = blocked.backward((&q, &k, &v), &want, &d_out, scale);
 
         let mask = inputs.tiles.as_ref().expect("the CPU's tiles mask");
         let (got, saved) = forward(&q, &k, &v, mask, scale as f32);
@@ -721,15 +709,7 @@ mod tests {
                 tensor(v.collect(), t.dims(), &device)
             };
             let (q, k, v) = (round(&q), round(&k), round(&v));
-            let want = values(&attention_forward(
-                &q,
-                &k,
-                &v,
-                &bias,
-                scale,
-                chunk,
-                Products::F32,
-            ));
+            let want = values(&blocked.forward((&q, &k, &v), scale));
             let got = values(&forward_in_bf16(&q, &k, &v, mask, scale as f32));
             let top = values(&v).iter().fold(0f32, |m, x| m.max(x.abs()));
             let bound = (2f32.powi(-9) + tol as f32) * top;
