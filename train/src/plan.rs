@@ -351,17 +351,25 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // SwiGLU product. Besides those, q and k before their norms, the residual, SwiGLU's two
     // partial derivatives (`crate::model::qwen3::silu_mul_taped`), and two intermediate-sized
     // gradients that the MLP's backward holds beside them. Checked against what Burn's GPU
-    // runtime reserved on llvmpipe (docs/results.md).
-    let replay_layer = if cfg.train.mode == Mode::Lora && !by_hand {
-        (h + qd + kvd) * a + (qd + 2 * h + 5 * i) * a
+    // runtime reserved on llvmpipe (docs/results.md). The layer's second half (after the
+    // attention core) replays in pieces of tokens, one piece's tape alive at a time
+    // (`crate::recompute::finish_pieces`).
+    let (replay_layer, finish_tape) = if cfg.train.mode == Mode::Lora && !by_hand {
+        let dims = [h, qd, i].map(|n| n as usize);
+        let budget = crate::recompute::FINISH_BUDGET;
+        let rows = crate::recompute::finish_pieces(b as usize, s as usize, dims, true, budget);
+        let rows = rows as u64;
+        let per_token = crate::recompute::finish_bytes_per_token(dims[0], dims[1], dims[2]);
+        ((h + qd + kvd) * a, b * rows * per_token as u64)
     } else {
-        layer
+        (layer, 0)
     };
     // Each layer's input, kept for the replay: f32, or on an f16 base in f16 with each token's
     // scale (`crate::recompute::Keep::Scaled`).
     let kept = if f16_base { h * 2 + 4 } else { h * a };
     let recompute = tokens * layers * kept
         + tokens * (replay_layer + core + 3 * h * 4)
+        + finish_tape
         + scores
         + widened
         + attention_kept;
@@ -390,9 +398,17 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     } else {
         0
     };
-    // `final/` is written in the weights' dtype, one tensor at a time: an f32 host copy of the
-    // largest tensor and its bytes.
-    let finish = merged + trainable_state + largest * (4 + w);
+    // `final/` is written in the weights' dtype, one tensor at a time
+    // (`crate::model::weights::hf_tensors`): an f32 host copy of the largest tensor and its
+    // bytes. Those are host memory: on a GPU the device holds only a projection's transposed
+    // copy for the read.
+    let finish = merged
+        + trainable_state
+        + if cfg.train.backend == Backend::Cpu {
+            largest * (4 + w)
+        } else {
+            (h * qd).max(h * i) * w
+        };
     let largest_buffer = largest_buffer(cfg, arch, b, w, tokens_train);
     // Evaluation (every `eval_every` steps and at the end), untaped, `[eval] batch_size` rows
     // at a time (no more than `max_states`; `eval_batch_bytes`). On the CPU a batch per thread runs
@@ -1176,6 +1192,38 @@ mod tests {
         );
         assert_eq!(bf16.weights, half.weights);
         assert_eq!(bf16.total - half.total, saved);
+    }
+
+    /// A GPU's LoRA step at the 4B (f16, 2 x 2048 tokens), term by term: each layer's input in
+    /// f16 with its scale; the replay's first half for every token (the normed input, q and k
+    /// before their norms); the core's f32 q, k, v, heads and their gradients, and f16 copies
+    /// of four; the residual stream's three f32 tensors; one piece of the second half's tape, 2
+    /// x 512 tokens (`recompute::finish_pieces`); three blocks of 352 query rows; the head's input
+    /// and gradient. The end phase counts the device's side of the save only.
+    #[test]
+    fn a_gpu_step_holds_one_piece_of_the_second_half() {
+        let (_, p) = four_b(&["train.dtype=f16"]);
+        let (h, qd, kvd, i, tokens): (u64, u64, u64, u64, u64) = (2560, 4096, 1024, 9728, 2 * 2048);
+        let want = tokens * 36 * (h * 2 + 4)
+            + tokens * (h + qd + kvd) * 4
+            + tokens * (2 * qd + 2 * kvd) * (4 * 2 + 2)
+            + tokens * 3 * h * 4
+            + 2 * 512 * (qd + 2 * h + 5 * i) * 4
+            + 3 * 2 * 32 * 352 * 2048 * 4
+            + tokens * h * 4 * 2;
+        assert_eq!(p.activations_recompute, want);
+        assert_eq!(
+            p.finish,
+            h * i * (3 * 4 + 2) + h * i * 2 + p.trainable_state
+        );
+        assert_eq!(
+            p.total,
+            RUNTIME + p.weights + p.trainable_state + p.activations_recompute
+        );
+        // the CPU writes `final/` through host copies: of the embedding, in f32 and in bf16
+        let (_, cpu) = four_b(&["train.backend=cpu"]);
+        let embed = 151936 * 2560 * (4 + 2);
+        assert!(cpu.finish > embed && p.finish < embed);
     }
 
     /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own:

@@ -21,8 +21,9 @@
 //! its gradient in tiles of queries and keys, with no score tensor. On other backends
 //! [`BlockedCore`] does, block by block of queries, of Burn operations (in f16 on an f16 base),
 //! so at most one `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings)
-//! is alive at a time. The layer is taped in two pieces around the core:
-//! `x → (q, k, v)` and `(x, heads) → out`.
+//! is alive at a time. The layer is taped in two halves around the core, `x → (q, k, v)` and
+//! `(x, heads) → out`; the second, token by token as it is, in pieces of tokens
+//! ([`finish_pieces`]): a LoRA layer's intermediate-sized tensors are most of its tape.
 //!
 //! The gradients equal those of the ordinary pass up to float rounding (tests in
 //! `trainer_tests.rs`). LoRA dropout is refused with recompute: the recomputed pass would draw
@@ -35,7 +36,9 @@ use burn::tensor::{DType, Device, FloatDType, Tensor};
 use crate::model::blocked_attention::{BlockedCore, Products};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
-use crate::model::qwen3::{Batch, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows};
+use crate::model::qwen3::{
+    Batch, DecoderLayer, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows,
+};
 use crate::replay;
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
@@ -103,7 +106,9 @@ pub(crate) fn loss_and_grads(
     let replay = if matches!(core, CoreKind::Tiles) && !taped && replay::applies(model) {
         Replay::ByHand { keep_attention }
     } else {
-        Replay::Taped
+        Replay::Taped {
+            finish_bytes: FINISH_BUDGET,
+        }
     };
     loss_and_grads_with(model, batch, head, core, replay, Keep::of(model), checks)
 }
@@ -184,11 +189,11 @@ impl Kept {
 /// ([`replay`]: LoRA on the CPU, with the attention core in tiles).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Replay {
-    Taped,
+    /// Through the tape, with at most `finish_bytes` of the second half's tape alive at a time
+    /// ([`finish_pieces`]).
+    Taped { finish_bytes: usize },
     /// By hand, reusing the first pass's attention where `keep_attention`.
-    ByHand {
-        keep_attention: bool,
-    },
+    ByHand { keep_attention: bool },
 }
 
 /// How the attention core runs outside the tape: in tiles on the CPU ([`flash`]), or in blocks
@@ -251,6 +256,91 @@ impl<'a> Core<'a> {
             Core::Blocks(core) => core.backward(qkv, out, d_out, scale),
         }
     }
+}
+
+/// At most this many bytes of tape for the second half of a layer's replay (`finish`, everything
+/// after the attention core) at a time: a block of scores' worth ([`SCORE_BLOCK`] f32 values).
+/// At the 4B (2 x 2048 tokens) its whole tape is 0.88 GiB, 0.74 of it intermediate-sized.
+pub(crate) const FINISH_BUDGET: usize = SCORE_BLOCK * 4;
+
+/// Bytes of tape per token of a LoRA layer's second half replayed through the tape (hidden
+/// `h`, `qd` query heads' width, intermediate `i`; f32 activations): the adapters' inputs (the
+/// heads' outputs, the post-attention norm's output, the SwiGLU product), the residual, SwiGLU's
+/// two partial derivatives (`crate::model::qwen3::silu_mul_taped`), and the two
+/// intermediate-sized gradients its backward holds beside them. `crate::plan` counts the same.
+pub(crate) fn finish_bytes_per_token(h: usize, qd: usize, i: usize) -> usize {
+    (qd + 2 * h + 5 * i) * 4
+}
+
+/// Tokens of each row per piece of `finish` in the replay of a batch of `b` rows of `s` tokens:
+/// as few pieces as keep each one's tape within about `budget` ([`FINISH_BUDGET`]), all as long
+/// but the last, which may be shorter. Where `s` is a multiple of [`GPU_LENGTH_MULTIPLE`] (a
+/// GPU's batches), so is every piece, the last too, and they run the kernels of one shape class.
+/// `s` (one piece) where the whole fits, and where the base trains too (full fine-tuning: each
+/// piece would add a copy of the layer's weight gradients).
+pub(crate) fn finish_pieces(
+    b: usize,
+    s: usize,
+    [h, qd, i]: [usize; 3],
+    lora: bool,
+    budget: usize,
+) -> usize {
+    let tape = b * s * finish_bytes_per_token(h, qd, i);
+    let pieces = tape.div_ceil(budget.max(1)).max(1);
+    if !lora || pieces == 1 {
+        return s.max(1);
+    }
+    let rows = s.div_ceil(pieces);
+    let whole = rows.next_multiple_of(GPU_LENGTH_MULTIPLE);
+    if s.is_multiple_of(GPU_LENGTH_MULTIPLE) {
+        whole.min(s)
+    } else {
+        rows
+    }
+}
+
+/// [`finish_pieces`] for `layer`.
+fn finish_rows(layer: &DecoderLayer, b: usize, s: usize, budget: usize) -> usize {
+    let [qd, h] = layer.self_attn.o_proj.dims();
+    let [_, i] = layer.mlp.gate_proj.dims();
+    let lora = layer
+        .projections()
+        .iter()
+        .all(|(_, p)| !p.weight.val().is_require_grad());
+    finish_pieces(b, s, [h, qd, i], lora, budget)
+}
+
+/// The replay of `finish` ((x, heads) → the layer's output; each token's on its own) and `g`
+/// pushed back through it, `rows` tokens of each row at a time, so that one piece's tape is
+/// alive at once. Accumulates the layer's parameter gradients in `acc`; returns the gradients of
+/// the heads `[b, heads, s, d]` and of `x` `[b, s, hidden]`.
+fn finish_backward(
+    model: &Qwen3,
+    layer: &DecoderLayer,
+    (x, heads): (Tensor<3>, &Tensor<4>),
+    g: Tensor<3>,
+    rows: usize,
+    acc: &mut GradientsAccumulator<Qwen3>,
+) -> (Tensor<4>, Tensor<3>) {
+    let s = x.dims()[1];
+    let (mut g_heads, mut g_x) = (Vec::new(), Vec::new());
+    for r0 in (0..s).step_by(rows.max(1)) {
+        let r = rows.min(s - r0);
+        let xc = x.clone().narrow(1, r0, r).autodiff().require_grad();
+        let hc = heads.clone().narrow(2, r0, r).autodiff().require_grad();
+        let y = layer.finish(xc.clone(), hc.clone(), None);
+        let mut grads = (y * g.clone().narrow(1, r0, r)).sum().backward();
+        g_heads.push(hc.grad_remove(&mut grads).expect("heads feed the output"));
+        g_x.push(
+            xc.grad_remove(&mut grads)
+                .expect("the residual feeds the output"),
+        );
+        acc.accumulate(model, GradientsParams::from_grads(grads, layer));
+    }
+    if g_x.len() == 1 {
+        return (g_heads.remove(0), g_x.remove(0));
+    }
+    (Tensor::cat(g_heads, 2), Tensor::cat(g_x, 1))
 }
 
 /// [`loss_and_grads`] with the attention core run as `kind` says.
@@ -331,18 +421,12 @@ fn loss_and_grads_with(
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
         let (out, saved) = core.forward((&qp, &kp, &vp), scale);
-        // (x, heads) → layer output, taped, and g pushed through it.
-        let xc = x_in.autodiff().require_grad();
-        let heads_leaf = out.clone().autodiff().require_grad();
-        let y = layer.finish(xc.clone(), heads_leaf.clone(), None);
-        let mut grads = (y * g).sum().backward();
-        let g_heads = heads_leaf
-            .grad_remove(&mut grads)
-            .expect("heads feed the output");
-        let g_xc = xc
-            .grad_remove(&mut grads)
-            .expect("the residual feeds the output");
-        acc.accumulate(model, GradientsParams::from_grads(grads, layer));
+        // (x, heads) → layer output, taped, and g pushed through it, in pieces of tokens.
+        let Replay::Taped { finish_bytes } = replay else {
+            unreachable!("the replay by hand took every layer")
+        };
+        let rows = finish_rows(layer, batch.len(), batch.seq_len(), finish_bytes);
+        let (g_heads, g_xc) = finish_backward(model, layer, (x_in, &out), g, rows, &mut acc);
         // The attention core by hand, then (q, k, v)'s gradients through their tape.
         let (dq, dk, dv) = core.backward((&qp, &kp, &vp), (&out, saved.as_ref()), &g_heads, scale);
         let tied = (q * dq).sum() + (k * dk).sum() + (v * dv).sum();
@@ -403,6 +487,32 @@ mod tests {
             let all = model.logits(hidden).sum().mul_scalar(0.01);
             batch_loss(logits, absent, q, onehot, 0.5) + all
         }
+    }
+
+    /// The taped replay as a run makes it.
+    const TAPED: Replay = Replay::Taped {
+        finish_bytes: FINISH_BUDGET,
+    };
+    /// The taped replay with the second half in pieces of 2 tokens (and a last of 1) of the
+    /// 7-token batch: 736 bytes of tape a token at [`config`]'s widths, 10 304 in all.
+    const IN_PIECES: Replay = Replay::Taped { finish_bytes: 3000 };
+
+    #[test]
+    fn the_second_half_replays_in_pieces_within_budget() {
+        assert_eq!(finish_bytes_per_token(16, 32, 24), 736);
+        assert_eq!(finish_pieces(2, 7, [16, 32, 24], true, 3000), 2);
+        // within budget, or where the base trains: one piece
+        assert_eq!(finish_pieces(2, 7, [16, 32, 24], true, FINISH_BUDGET), 7);
+        assert_eq!(finish_pieces(2, 7, [16, 32, 24], false, 3000), 7);
+        // the 4B (hidden 2560, 32 heads of 128, intermediate 9728), 2 x 2048 tokens: 0.88 GiB of
+        // tape in 4 pieces of 512 tokens, each within a block of scores' worth
+        let four_b = [2560, 4096, 9728];
+        assert_eq!(finish_pieces(2, 2048, four_b, true, FINISH_BUDGET), 512);
+        assert!(2 * 512 * finish_bytes_per_token(2560, 4096, 9728) <= FINISH_BUDGET);
+        // a GPU's lengths are multiples of 16, and so are its pieces; a CPU's need not be
+        assert_eq!(finish_pieces(2, 1040, four_b, true, FINISH_BUDGET), 528);
+        assert_eq!(finish_pieces(2, 1030, four_b, true, FINISH_BUDGET), 515);
+        assert_eq!(finish_pieces(1, 2048, four_b, true, FINISH_BUDGET), 1024);
     }
 
     /// How far a recomputed step may be from the taped pass: the loss (relative), each gradient
@@ -483,22 +593,10 @@ mod tests {
                 .set_require_grad(true);
             // every weight of 3 layers (11 each), embedding, final norm, and the untied head
             assert!(!crate::replay::applies(&model), "the norms and bases train");
-            let n = assert_same_gradients(
-                &model,
-                CoreKind::Blocks(2),
-                Replay::Taped,
-                Keep::Exact,
-                F32_TOL,
-            );
+            let n = assert_same_gradients(&model, CoreKind::Blocks(2), TAPED, Keep::Exact, F32_TOL);
             assert_eq!(n, 3 * 11 + 2 + usize::from(!tied));
-            assert_same_gradients(
-                &model,
-                CoreKind::Blocks(64),
-                Replay::Taped,
-                Keep::Exact,
-                F32_TOL,
-            );
-            assert_same_gradients(&model, CoreKind::Tiles, Replay::Taped, Keep::Exact, F32_TOL);
+            assert_same_gradients(&model, CoreKind::Blocks(64), TAPED, Keep::Exact, F32_TOL);
+            assert_same_gradients(&model, CoreKind::Tiles, TAPED, Keep::Exact, F32_TOL);
         }
     }
 
@@ -523,8 +621,9 @@ mod tests {
             // the adapters, 2 matrices on each of 7 projections of 3 layers, and the token rows
             // where anything reads them
             for (core, replay) in [
-                (CoreKind::Blocks(3), Replay::Taped),
-                (CoreKind::Tiles, Replay::Taped),
+                (CoreKind::Blocks(3), TAPED),
+                (CoreKind::Blocks(3), IN_PIECES),
+                (CoreKind::Tiles, TAPED),
                 (CoreKind::Tiles, KEPT),
                 (CoreKind::Tiles, RECOMPUTED),
             ] {
@@ -658,7 +757,7 @@ mod tests {
                 element: 1e-2,
             };
             for (core, tol) in [(CoreKind::Blocks(3), blocks), (CoreKind::Tiles, tiles)] {
-                let n = assert_same_gradients(&model, core, Replay::Taped, Keep::Scaled, tol);
+                let n = assert_same_gradients(&model, core, TAPED, Keep::Scaled, tol);
                 assert_eq!(n, 3 * 7 * 2);
             }
         }
@@ -707,7 +806,7 @@ mod tests {
             rel: 2e-3,
             element: 2e-2,
         };
-        for replay in [Replay::Taped, KEPT, RECOMPUTED] {
+        for replay in [TAPED, KEPT, RECOMPUTED] {
             let n = assert_same_gradients(&model, CoreKind::Tiles, replay, Keep::Exact, tol);
             assert_eq!(n, 3 * 7 * 2 + 1);
         }
