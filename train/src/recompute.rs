@@ -258,10 +258,14 @@ impl<'a> Core<'a> {
     }
 }
 
-/// At most this many bytes of tape for the second half of a layer's replay (`finish`, everything
-/// after the attention core) at a time: a block of scores' worth ([`SCORE_BLOCK`] f32 values).
-/// At the 4B (2 x 2048 tokens) its whole tape is 0.88 GiB, 0.74 of it intermediate-sized.
-pub(crate) const FINISH_BUDGET: usize = SCORE_BLOCK * 4;
+/// At most about this many bytes of tape for the second half of a layer's replay (`finish`,
+/// everything after the attention core) at a time: two blocks of scores' worth ([`SCORE_BLOCK`]
+/// f32 values each), 512 MiB. At the 4B (2 x 2048 tokens) the whole is 0.88 GiB, 0.74 of it
+/// intermediate-sized, so it replays in 2 pieces. Each piece more replays the half's kernels
+/// again: on llvmpipe about 94 launches a piece a layer, 31 of them products, most of those the
+/// adapters' small ones (docs/results.md). So the budget trades memory for launches: 256 MiB would
+/// take 4 pieces at the 4B, 0.22 GiB less for three times the launches.
+pub(crate) const FINISH_BUDGET: usize = 2 * SCORE_BLOCK * 4;
 
 /// Bytes of tape per token of a LoRA layer's second half replayed through the tape (hidden
 /// `h`, `qd` query heads' width, intermediate `i`; f32 activations): the adapters' inputs (the
@@ -505,14 +509,15 @@ mod tests {
         assert_eq!(finish_pieces(2, 7, [16, 32, 24], true, FINISH_BUDGET), 7);
         assert_eq!(finish_pieces(2, 7, [16, 32, 24], false, 3000), 7);
         // the 4B (hidden 2560, 32 heads of 128, intermediate 9728), 2 x 2048 tokens: 0.88 GiB of
-        // tape in 4 pieces of 512 tokens, each within a block of scores' worth
+        // tape in 2 pieces of 1024 tokens, each within budget; at batch 1, one piece
         let four_b = [2560, 4096, 9728];
-        assert_eq!(finish_pieces(2, 2048, four_b, true, FINISH_BUDGET), 512);
-        assert!(2 * 512 * finish_bytes_per_token(2560, 4096, 9728) <= FINISH_BUDGET);
+        assert_eq!(finish_pieces(2, 2048, four_b, true, FINISH_BUDGET), 1024);
+        assert!(2 * 1024 * finish_bytes_per_token(2560, 4096, 9728) <= FINISH_BUDGET);
+        assert_eq!(finish_pieces(1, 2048, four_b, true, FINISH_BUDGET), 2048);
+        assert_eq!(finish_pieces(2, 3072, four_b, true, FINISH_BUDGET), 1024);
         // a GPU's lengths are multiples of 16, and so are its pieces; a CPU's need not be
-        assert_eq!(finish_pieces(2, 1040, four_b, true, FINISH_BUDGET), 528);
-        assert_eq!(finish_pieces(2, 1030, four_b, true, FINISH_BUDGET), 515);
-        assert_eq!(finish_pieces(1, 2048, four_b, true, FINISH_BUDGET), 1024);
+        assert_eq!(finish_pieces(2, 2064, four_b, true, FINISH_BUDGET), 1040);
+        assert_eq!(finish_pieces(2, 2050, four_b, true, FINISH_BUDGET), 1025);
     }
 
     /// How far a recomputed step may be from the taped pass: the loss (relative), each gradient
