@@ -355,12 +355,11 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // attention core) replays in pieces of tokens, one piece's tape alive at a time
     // (`crate::recompute::finish_pieces`).
     let (replay_layer, finish_tape) = if cfg.train.mode == Mode::Lora && !by_hand {
+        use crate::recompute::{FINISH_BUDGET, finish_bytes_per_token, finish_pieces};
         let dims = [h, qd, i].map(|n| n as usize);
-        let budget = crate::recompute::FINISH_BUDGET;
-        let rows = crate::recompute::finish_pieces(b as usize, s as usize, dims, true, budget);
-        let rows = rows as u64;
-        let per_token = crate::recompute::finish_bytes_per_token(dims[0], dims[1], dims[2]);
-        ((h + qd + kvd) * a, b * rows * per_token as u64)
+        let rows = finish_pieces(b as usize, s as usize, dims, true, FINISH_BUDGET) as u64;
+        let per_token = finish_bytes_per_token(dims) as u64;
+        ((h + qd + kvd) * a, b * rows * per_token)
     } else {
         (layer, 0)
     };
@@ -392,9 +391,10 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // f32, then the sum in the base's dtype.
     // Trainable tokens are written into a copy of the embedding (the base model still holds the
     // original).
+    let proj = (h * qd).max(h * i);
     let merged = if cfg.train.mode == Mode::Lora {
         let rows = if tokens_train { v * h * w } else { 0 };
-        ((h * qd).max(h * i) * (3 * 4 + w)).max(rows)
+        (proj * (3 * 4 + w)).max(rows)
     } else {
         0
     };
@@ -407,7 +407,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         + if cfg.train.backend == Backend::Cpu {
             largest * (4 + w)
         } else {
-            (h * qd).max(h * i) * w
+            proj * w
         };
     let largest_buffer = largest_buffer(cfg, arch, b, w, tokens_train);
     // Evaluation (every `eval_every` steps and at the end), untaped, `[eval] batch_size` rows

@@ -272,7 +272,7 @@ pub(crate) const FINISH_BUDGET: usize = 2 * SCORE_BLOCK * 4;
 /// heads' outputs, the post-attention norm's output, the SwiGLU product), the residual, SwiGLU's
 /// two partial derivatives (`crate::model::qwen3::silu_mul_taped`), and the two
 /// intermediate-sized gradients its backward holds beside them. `crate::plan` counts the same.
-pub(crate) fn finish_bytes_per_token(h: usize, qd: usize, i: usize) -> usize {
+pub(crate) fn finish_bytes_per_token([h, qd, i]: [usize; 3]) -> usize {
     (qd + 2 * h + 5 * i) * 4
 }
 
@@ -285,11 +285,11 @@ pub(crate) fn finish_bytes_per_token(h: usize, qd: usize, i: usize) -> usize {
 pub(crate) fn finish_pieces(
     b: usize,
     s: usize,
-    [h, qd, i]: [usize; 3],
+    dims: [usize; 3],
     lora: bool,
     budget: usize,
 ) -> usize {
-    let tape = b * s * finish_bytes_per_token(h, qd, i);
+    let tape = b * s * finish_bytes_per_token(dims);
     let pieces = tape.div_ceil(budget.max(1)).max(1);
     if !lora || pieces == 1 {
         return s.max(1);
@@ -503,7 +503,7 @@ mod tests {
 
     #[test]
     fn the_second_half_replays_in_pieces_within_budget() {
-        assert_eq!(finish_bytes_per_token(16, 32, 24), 736);
+        assert_eq!(finish_bytes_per_token([16, 32, 24]), 736);
         assert_eq!(finish_pieces(2, 7, [16, 32, 24], true, 3000), 2);
         // within budget, or where the base trains: one piece
         assert_eq!(finish_pieces(2, 7, [16, 32, 24], true, FINISH_BUDGET), 7);
@@ -512,7 +512,7 @@ mod tests {
         // tape in 2 pieces of 1024 tokens, each within budget; at batch 1, one piece
         let four_b = [2560, 4096, 9728];
         assert_eq!(finish_pieces(2, 2048, four_b, true, FINISH_BUDGET), 1024);
-        assert!(2 * 1024 * finish_bytes_per_token(2560, 4096, 9728) <= FINISH_BUDGET);
+        assert!(2 * 1024 * finish_bytes_per_token(four_b) <= FINISH_BUDGET);
         assert_eq!(finish_pieces(1, 2048, four_b, true, FINISH_BUDGET), 2048);
         assert_eq!(finish_pieces(2, 3072, four_b, true, FINISH_BUDGET), 1024);
         // a GPU's lengths are multiples of 16, and so are its pieces; a CPU's need not be
@@ -565,13 +565,10 @@ mod tests {
         for ((name, w), (_, g)) in want.iter().zip(&got) {
             let scale = w.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             assert!(scale > 0.0, "{name}: a zero gradient proves nothing");
-            // 1e-5 relative in L2 norm over the tensor, and no element off by more than 1e-4 of
-            // the tensor's largest: summation order differs (blocks, grouped heads), so single
-            // small elements can differ by a few ulps of the large ones.
-            let norm = |v: &mut dyn Iterator<Item = f32>| {
-                v.map(|x| (x as f64).powi(2)).sum::<f64>().sqrt()
-            };
-            let rel = norm(&mut w.iter().zip(g).map(|(x, y)| x - y)) / norm(&mut w.iter().copied());
+            // `tol.rel` relative in L2 norm over the tensor, and no element off by more than
+            // `tol.element` of the tensor's largest: summation order differs (blocks, grouped
+            // heads), so single small elements can differ by a few ulps of the large ones.
+            let rel = crate::trainer_tests::relative_l2(g, w);
             let diff = w
                 .iter()
                 .zip(g)
