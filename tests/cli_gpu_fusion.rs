@@ -1,27 +1,49 @@
-//! Burn's fusion plans a GPU forward pass of the model whole: no stretch of a layer falls back to
-//! one launch per operation, as whole stretches did while the RMSNorm was written `x / rms · w`
-//! (docs/results.md, "Burn's fusion and the norm's order"). Read from the planner's own log,
-//! which a `burn.toml` in the folder where `decision` starts turns on.
+//! Burn's fusion plans a GPU forward pass of the model, and a LoRA training step, whole: no
+//! stretch falls back to one launch per operation, as whole stretches of scoring did while the
+//! RMSNorm was written `x / rms · w`, and of a training step while the planner weighed Burn's
+//! default of 5 blocks at a time (docs/results.md, "Burn's fusion and the norm's order", "Fewer
+//! blocks for Burn's fusion planner"). Read from the planner's own log, which a `burn.toml` in
+//! the folder where `decision` starts turns on.
+
+use std::path::{Path, PathBuf};
 
 #[path = "support/checkers.rs"]
 mod checkers;
 #[path = "support/cli.rs"]
 mod cli;
 
-#[test]
-fn a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it() {
-    let test = "a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it";
-    let dir = tempfile::tempdir().unwrap();
-    cli::gen_states(dir.path(), 4, 3);
-    let log = dir.path().join("fusion.log");
+/// A `burn.toml` in `dir` that logs each plan the fusion planner chooses, and each fallback, to
+/// the file returned.
+fn log_fusion_plans(dir: &Path) -> PathBuf {
+    let log = dir.join("fusion.log");
     std::fs::write(
-        dir.path().join("burn.toml"),
+        dir.join("burn.toml"),
         format!(
             "[fusion.logger]\nlevel = \"medium\"\nfile = {:?}\nappend = false\n",
             log.to_str().unwrap()
         ),
     )
     .unwrap();
+    log
+}
+
+/// The planner's fallbacks in its `log`, after checking that it logged its plans (so a missing
+/// fallback line means none happened).
+fn fallbacks(log: &Path) -> Vec<String> {
+    let log = std::fs::read_to_string(log).expect("the fusion planner's log");
+    assert!(log.contains("selected composed strategy"), "{log}");
+    log.lines()
+        .filter(|l| l.contains("falling back to unfused"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it() {
+    let test = "a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it";
+    let dir = tempfile::tempdir().unwrap();
+    cli::gen_states(dir.path(), 4, 3);
+    let log = log_fusion_plans(dir.path());
     let o = cli::score_tiny_base(dir.path(), "wgpu", "scores.jsonl", &[]);
     let out = cli::text(&o);
     if out.contains("no usable GPU adapter") {
@@ -29,13 +51,65 @@ fn a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it() {
         return;
     }
     assert!(o.status.success(), "{out}");
-    let log = std::fs::read_to_string(&log).expect("the fusion planner's log");
-    // the planner logged each plan it chose, so a missing fallback line means none happened
-    assert!(log.contains("selected composed strategy"), "{log}");
-    let fallbacks: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("falling back to unfused"))
-        .collect();
+    let fallbacks = fallbacks(&log);
+    assert!(
+        fallbacks.is_empty(),
+        "the planner ran stretches unfused: {fallbacks:?}"
+    );
+}
+
+/// Two steps of a LoRA run with recompute (the replay's taped halves, the blocked attention, the
+/// loss head's backward, the optimizer). With Burn's default of 5 blocks, three of its stretches
+/// fell back on llvmpipe.
+#[test]
+fn a_gpu_training_step_runs_as_the_fusion_planner_planned_it() {
+    let test = "a_gpu_training_step_runs_as_the_fusion_planner_planned_it";
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cli::gen_states(d, 4, 5);
+    let log = log_fusion_plans(d);
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
+    std::fs::write(
+        d.join("run.toml"),
+        format!(
+            r#"name = "fusion"
+[model]
+init = "pretrained"
+source = "{}"
+[data]
+train = "states.jsonl"
+valid = "states.jsonl"
+max_options = 16
+max_tokens = 512
+[lora]
+rank = 4
+alpha = 8.0
+targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+[train]
+mode = "lora"
+max_steps = 2
+batch_size = 2
+checkpoint_every = 0
+eval_every = 0
+backend = "wgpu"
+dtype = "f32"
+recompute = true
+[eval]
+permutations = 0
+max_states = 2
+"#,
+            base.display().to_string().replace('\\', "/")
+        ),
+    )
+    .unwrap();
+    let o = cli::decision_in(d, &["train", "--config", "run.toml", "--out", "run"]);
+    let out = cli::text(&o);
+    if out.contains("no usable GPU adapter") {
+        checkers::not_run(test, "vulkan", &out);
+        return;
+    }
+    assert!(o.status.success(), "{out}");
+    let fallbacks = fallbacks(&log);
     assert!(
         fallbacks.is_empty(),
         "the planner ran stretches unfused: {fallbacks:?}"
