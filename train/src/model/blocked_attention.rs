@@ -137,24 +137,20 @@ impl Operands {
 
     /// Softmax probabilities of one block of queries over the first `e` keys,
     /// `[b, kv_heads, groups·c, e]`, from the block's queries `qc` (rows of [`Self::q`] as
-    /// [`grouped`] takes them) and the additive mask `bias` (`[b, 1, s, s]`: 0 or −∞) at query
-    /// rows `c0..c0 + c`. With `e = c0 + c` nothing is lost: the mask is causal, so those rows
-    /// give the later keys probability 0, and the block costs `e / s` of a full one.
-    fn block_probs(&self, qc: Tensor<4>, bias: &Tensor<4>, c0: usize, e: usize) -> Tensor<4> {
-        softmax(self.block_scores(qc, bias, c0, e), 3)
+    /// [`grouped`] takes them) and the block's additive mask `bias` (`[b, 1, 1, c, e]`: 0 or −∞;
+    /// [`BlockedCore`] holds it). With `e = c0 + c` nothing is lost: the mask is causal, so the
+    /// rows `c0..c0 + c` give the later keys probability 0, and the block costs `e / s` of a full
+    /// one.
+    fn block_probs(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<4> {
+        softmax(self.block_scores(qc, bias), 3)
     }
 
     /// The scores [`Self::block_probs`] takes the softmax of, the mask added.
-    fn block_scores(&self, qc: Tensor<4>, bias: &Tensor<4>, c0: usize, e: usize) -> Tensor<4> {
+    fn block_scores(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<4> {
         let [b, kvh, gc] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
-        let c = e - c0;
+        let [_, _, _, c, e] = bias.dims();
         let groups = gc / c;
-        let scores = self.scores(qc, e).reshape([b, kvh, groups, c, e])
-            + bias
-                .clone()
-                .narrow(2, c0, c)
-                .narrow(3, 0, e)
-                .reshape([b, 1, 1, c, e]);
+        let scores = self.scores(qc, e).reshape([b, kvh, groups, c, e]) + bias.clone();
         scores.reshape([b, kvh, gc, e])
     }
 
@@ -176,11 +172,14 @@ impl Operands {
     }
 }
 
-/// The blocked core as one step runs it: the batch's mask as an additive bias `[b, 1, s, s]`
-/// (0 where a query sees a key, −∞ elsewhere), `chunk` query rows per block, and the dtype of
-/// the products.
+/// The blocked core as one step runs it: `chunk` query rows per block, each block's part of the
+/// batch's mask as an additive bias, and the dtype of the products.
 pub(crate) struct BlockedCore {
-    bias: Tensor<4>,
+    /// Block `i`'s bias, `[b, 1, 1, c, e]` (0 where a query sees a key, −∞ elsewhere) for its
+    /// query rows `c0..c0 + c` over the keys `0..e`, `e = c0 + c`: cut from the mask once a step
+    /// and read by every layer's passes, where cutting it in each pass copied it each time (a
+    /// launch a block a pass: about 650 a step at the 4B).
+    biases: Vec<Tensor<5>>,
     chunk: usize,
     products: Products,
 }
@@ -189,11 +188,23 @@ impl BlockedCore {
     /// For a batch whose `mask` (`[b, 1, s, s]`, true where a query may not see a key) the
     /// layer inputs carry.
     pub(crate) fn new(mask: &Tensor<4, Bool>, chunk: usize, products: Products) -> Self {
+        let [b, _, s, _] = mask.dims();
+        let chunk = chunk.max(1);
         let bias = Tensor::<4>::zeros(mask.dims(), &mask.device())
             .mask_fill(mask.clone(), f32::NEG_INFINITY);
+        let biases = (0..s)
+            .step_by(chunk)
+            .map(|c0| {
+                let c = chunk.min(s - c0);
+                bias.clone()
+                    .narrow(2, c0, c)
+                    .narrow(3, 0, c0 + c)
+                    .reshape([b, 1, 1, c, c0 + c])
+            })
+            .collect();
         Self {
-            bias,
-            chunk: chunk.max(1),
+            biases,
+            chunk,
             products,
         }
     }
@@ -211,11 +222,12 @@ impl BlockedCore {
         let ops = Operands::new(q, k, v, scale, self.products);
         let blocks: Vec<Tensor<4>> = (0..s)
             .step_by(self.chunk)
-            .map(|c0| {
+            .zip(&self.biases)
+            .map(|(c0, bias)| {
                 let c = self.chunk.min(s - c0);
                 // Causal: rows up to c0 + c see no key beyond it.
                 let e = c0 + c;
-                let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), &self.bias, c0, e);
+                let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
                 ops.weighted_values(scores, e).reshape([b, h, c, d])
             })
             .collect();
@@ -243,13 +255,13 @@ impl BlockedCore {
         let mut dk = k.zeros_like();
         let mut dv = v.zeros_like();
         let mut dq = Vec::new();
-        for c0 in (0..s).step_by(self.chunk) {
+        for (c0, bias) in (0..s).step_by(self.chunk).zip(&self.biases) {
             let c = self.chunk.min(s - c0);
             // Causal: the block's rows reach keys 0..e only, and only those get gradients.
             let e = c0 + c;
             let head = [0..b, 0..kvh, 0..e, 0..d];
             let qc = grouped(&ops.q, kvh, c0, c);
-            let p = ops.block_probs(qc.clone(), &self.bias, c0, e);
+            let p = ops.block_probs(qc.clone(), bias);
             let doc = grouped(&d_out_op, kvh, c0, c);
             let pt = ops.operand(&p).swap_dims(2, 3);
             let dv_e = dv.clone().slice(head.clone()) + ops.result(pt.matmul(doc.clone()));
