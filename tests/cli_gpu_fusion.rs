@@ -27,15 +27,26 @@ fn log_fusion_plans(dir: &Path) -> PathBuf {
     log
 }
 
-/// The planner's fallbacks in its `log`, after checking that it logged its plans (so a missing
-/// fallback line means none happened).
-fn fallbacks(log: &Path) -> Vec<String> {
+/// That `decision` ran (`o`; `test` is reported NOT RUN where no GPU adapter came up), and that
+/// the planner's `log` has its plans and no fallback (so a missing fallback line means none
+/// happened).
+fn assert_planned_whole(test: &str, o: &std::process::Output, log: &Path) {
+    let out = cli::text(o);
+    if out.contains("no usable GPU adapter") {
+        checkers::not_run(test, "vulkan", &out);
+        return;
+    }
+    assert!(o.status.success(), "{out}");
     let log = std::fs::read_to_string(log).expect("the fusion planner's log");
     assert!(log.contains("selected composed strategy"), "{log}");
-    log.lines()
+    let fallbacks: Vec<&str> = log
+        .lines()
         .filter(|l| l.contains("falling back to unfused"))
-        .map(str::to_string)
-        .collect()
+        .collect();
+    assert!(
+        fallbacks.is_empty(),
+        "the planner ran stretches unfused: {fallbacks:?}"
+    );
 }
 
 #[test]
@@ -45,17 +56,7 @@ fn a_gpu_forward_pass_runs_as_the_fusion_planner_planned_it() {
     cli::gen_states(dir.path(), 4, 3);
     let log = log_fusion_plans(dir.path());
     let o = cli::score_tiny_base(dir.path(), "wgpu", "scores.jsonl", &[]);
-    let out = cli::text(&o);
-    if out.contains("no usable GPU adapter") {
-        checkers::not_run(test, "vulkan", &out);
-        return;
-    }
-    assert!(o.status.success(), "{out}");
-    let fallbacks = fallbacks(&log);
-    assert!(
-        fallbacks.is_empty(),
-        "the planner ran stretches unfused: {fallbacks:?}"
-    );
+    assert_planned_whole(test, &o, &log);
 }
 
 /// Two steps of a LoRA run with recompute (the replay's taped halves, the blocked attention, the
@@ -103,15 +104,5 @@ max_states = 2
     )
     .unwrap();
     let o = cli::decision_in(d, &["train", "--config", "run.toml", "--out", "run"]);
-    let out = cli::text(&o);
-    if out.contains("no usable GPU adapter") {
-        checkers::not_run(test, "vulkan", &out);
-        return;
-    }
-    assert!(o.status.success(), "{out}");
-    let fallbacks = fallbacks(&log);
-    assert!(
-        fallbacks.is_empty(),
-        "the planner ran stretches unfused: {fallbacks:?}"
-    );
+    assert_planned_whole(test, &o, &log);
 }

@@ -377,9 +377,9 @@ fn spirv_unsafe(_: &burn::tensor::wgpu::wgpu::Adapter, _: &str) -> bool {
 /// built for a GPU training step's stretches (the replay of a layer's second half on the tape,
 /// the loss head's backward) held fused blocks that depend on each other, and it ran each such
 /// stretch one launch per operation (`[repair] falling back to unfused stream order`); with 3 no
-/// stretch of a training step or of scoring falls back, and a step launches 8 to 9 % fewer kernels
+/// stretch of a training step or of scoring falls back, and a step launches 9 to 11 % fewer kernels
 /// (docs/results.md, "Fewer blocks for Burn's fusion planner").
-pub(crate) const FUSION_BLOCKS: usize = 3;
+const FUSION_BLOCKS: usize = 3;
 
 /// Burn's runtime configuration as a `burn.toml` in the working folder (or above it) and Burn's
 /// environment variables give it, with [`FUSION_BLOCKS`] where they leave `max_blocks` at Burn's
