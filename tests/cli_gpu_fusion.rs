@@ -69,20 +69,10 @@ fn a_gpu_training_step_runs_as_the_fusion_planner_planned_it() {
     let d = dir.path();
     cli::gen_states(d, 4, 5);
     let log = log_fusion_plans(d);
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
-    std::fs::write(
-        d.join("run.toml"),
-        format!(
-            r#"name = "fusion"
-[model]
-init = "pretrained"
-source = "{}"
-[data]
-train = "states.jsonl"
-valid = "states.jsonl"
-max_options = 16
-max_tokens = 512
-[lora]
+    cli::write_tiny_base_run(
+        d,
+        "fusion",
+        r#"[lora]
 rank = 4
 alpha = 8.0
 targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -99,10 +89,7 @@ recompute = true
 permutations = 0
 max_states = 2
 "#,
-            base.display().to_string().replace('\\', "/")
-        ),
-    )
-    .unwrap();
+    );
     let o = cli::decision_in(d, &["train", "--config", "run.toml", "--out", "run"]);
     assert_planned_whole(test, &o, &log);
 }

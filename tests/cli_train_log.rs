@@ -1,8 +1,6 @@
 //! A `decision train` run whose stderr is not a terminal (a log file, a batch job, CI) reports in
 //! lines what a terminal sees as a bar: what was set up, and each logged step's loss and rate.
 
-use std::path::Path;
-
 #[path = "support/cli.rs"]
 mod cli;
 use cli::decision_ok;
@@ -12,20 +10,10 @@ fn a_run_without_a_terminal_logs_its_steps_in_lines() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     cli::gen_states(d, 4, 11);
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
-    std::fs::write(
-        d.join("run.toml"),
-        format!(
-            r#"name = "log"
-[model]
-init = "pretrained"
-source = "{}"
-[data]
-train = "states.jsonl"
-valid = "states.jsonl"
-max_options = 16
-max_tokens = 512
-[lora]
+    cli::write_tiny_base_run(
+        d,
+        "log",
+        r#"[lora]
 rank = 4
 alpha = 8.0
 targets = ["q_proj", "v_proj"]
@@ -41,10 +29,7 @@ dtype = "auto"
 permutations = 0
 max_states = 4
 "#,
-            base.display().to_string().replace('\\', "/")
-        ),
-    )
-    .unwrap();
+    );
     let o = decision_ok(d, &["train", "--config", "run.toml", "--out", "run"]);
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err.lines().collect();

@@ -49,6 +49,23 @@ pub fn gen_states(dir: &Path, tasks: u32, seed: u64) {
     );
 }
 
+/// `dir/run.toml`: a run named `name` of the tiny base (models/tiny-base) on `dir/states.jsonl`
+/// (train and valid, up to 16 options and 512 tokens), then the sections in `rest` (`[lora]`,
+/// `[train]`, `[eval]`).
+pub fn write_tiny_base_run(dir: &Path, name: &str, rest: &str) {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
+    let source = base.display().to_string().replace('\\', "/");
+    std::fs::write(
+        dir.join("run.toml"),
+        format!(
+            "name = {name:?}\n[model]\ninit = \"pretrained\"\nsource = {source:?}\n[data]\n\
+             train = \"states.jsonl\"\nvalid = \"states.jsonl\"\nmax_options = 16\n\
+             max_tokens = 512\n{rest}"
+        ),
+    )
+    .unwrap();
+}
+
 /// `decision score` of `dir/states.jsonl` with the tiny base (models/tiny-base) on `backend`,
 /// batches of 8, into `dir/out`, run in `dir` with `env` set and `DECISION_DEVICE_MEMORY` unset
 /// unless `env` sets it; whatever its exit status.

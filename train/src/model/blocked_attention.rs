@@ -172,15 +172,21 @@ impl Operands {
     }
 }
 
-/// The blocked core as one step runs it: `chunk` query rows per block, each block's part of the
-/// batch's mask as an additive bias, and the dtype of the products.
+/// One block of query rows, `c0..c0 + rows`, which reads the keys `0..c0 + rows` (the mask is
+/// causal), with its part of the batch's mask as an additive bias, `[b, 1, 1, rows, c0 + rows]`
+/// (0 where a query sees a key, −∞ elsewhere).
+struct Block {
+    c0: usize,
+    rows: usize,
+    bias: Tensor<5>,
+}
+
+/// The blocked core as one step runs it: its blocks of query rows and the dtype of the products.
+/// The blocks' biases are cut from the mask once a step and read by every layer's passes, where
+/// cutting them in each pass copied them each time (a launch a block a pass: about 650 a step at
+/// the 4B).
 pub(crate) struct BlockedCore {
-    /// Block `i`'s bias, `[b, 1, 1, c, e]` (0 where a query sees a key, −∞ elsewhere) for its
-    /// query rows `c0..c0 + c` over the keys `0..e`, `e = c0 + c`: cut from the mask once a step
-    /// and read by every layer's passes, where cutting it in each pass copied it each time (a
-    /// launch a block a pass: about 650 a step at the 4B).
-    biases: Vec<Tensor<5>>,
-    chunk: usize,
+    blocks: Vec<Block>,
     products: Products,
 }
 
@@ -192,21 +198,30 @@ impl BlockedCore {
         let chunk = chunk.max(1);
         let bias = Tensor::<4>::zeros(mask.dims(), &mask.device())
             .mask_fill(mask.clone(), f32::NEG_INFINITY);
-        let biases = (0..s)
+        let blocks = (0..s)
             .step_by(chunk)
             .map(|c0| {
-                let c = chunk.min(s - c0);
-                bias.clone()
-                    .narrow(2, c0, c)
-                    .narrow(3, 0, c0 + c)
-                    .reshape([b, 1, 1, c, c0 + c])
+                let rows = chunk.min(s - c0);
+                let e = c0 + rows;
+                let bias = bias.clone().narrow(2, c0, rows).narrow(3, 0, e);
+                Block {
+                    c0,
+                    rows,
+                    bias: bias.reshape([b, 1, 1, rows, e]),
+                }
             })
             .collect();
-        Self {
-            biases,
-            chunk,
-            products,
-        }
+        Self { blocks, products }
+    }
+
+    /// The blocks, after checking that they cover the `s` query rows of the step's tensors.
+    fn blocks(&self, s: usize) -> &[Block] {
+        let covered = self.blocks.last().map_or(0, |l| l.c0 + l.rows);
+        assert_eq!(
+            covered, s,
+            "the blocks were cut for another sequence length"
+        );
+        &self.blocks
     }
 
     /// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`.
@@ -220,16 +235,21 @@ impl BlockedCore {
         let [b, h, s, d] = q.dims();
         let kvh = k.dims()[1];
         let ops = Operands::new(q, k, v, scale, self.products);
-        let blocks: Vec<Tensor<4>> = (0..s)
-            .step_by(self.chunk)
-            .zip(&self.biases)
-            .map(|(c0, bias)| {
-                let c = self.chunk.min(s - c0);
-                // Causal: rows up to c0 + c see no key beyond it.
-                let e = c0 + c;
-                let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
-                ops.weighted_values(scores, e).reshape([b, h, c, d])
-            })
+        let blocks: Vec<Tensor<4>> = self
+            .blocks(s)
+            .iter()
+            .map(
+                |&Block {
+                     c0,
+                     rows: c,
+                     ref bias,
+                 }| {
+                    // Causal: rows up to c0 + c see no key beyond it.
+                    let e = c0 + c;
+                    let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
+                    ops.weighted_values(scores, e).reshape([b, h, c, d])
+                },
+            )
             .collect();
         Tensor::cat(blocks, 2)
     }
@@ -255,8 +275,12 @@ impl BlockedCore {
         let mut dk = k.zeros_like();
         let mut dv = v.zeros_like();
         let mut dq = Vec::new();
-        for (c0, bias) in (0..s).step_by(self.chunk).zip(&self.biases) {
-            let c = self.chunk.min(s - c0);
+        for &Block {
+            c0,
+            rows: c,
+            ref bias,
+        } in self.blocks(s)
+        {
             // Causal: the block's rows reach keys 0..e only, and only those get gradients.
             let e = c0 + c;
             let head = [0..b, 0..kvh, 0..e, 0..d];
