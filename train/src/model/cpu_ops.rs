@@ -485,7 +485,7 @@ mod tests {
     use burn::tensor::{Distribution, FloatDType, Tensor};
 
     use super::*;
-    use crate::model::qwen3::{RmsNorm, rope};
+    use crate::model::qwen3::{RmsNorm, rope, signed_sin};
 
     fn random<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<D> {
         burn::tensor::Device::flex().seed(seed);
@@ -543,7 +543,7 @@ mod tests {
                 norm.forward_generic(x.clone().reshape([b, s, heads, d]))
                     .swap_dims(1, 2),
                 &cos,
-                &sin,
+                &signed_sin(&sin),
             );
             let got = norm_rope_heads(x, heads, norm.weight.val(), norm.eps, &cos, &sin);
             assert_close("norm_rope_heads", got, want, 1e-6);
@@ -614,7 +614,7 @@ mod tests {
                     norm.forward_generic(x.reshape([b, s, heads, d]))
                         .swap_dims(1, 2),
                     &c,
-                    &sn,
+                    &signed_sin(&sn),
                 )
             });
             let got = norm_rope_heads_backward(x, heads, w, 1e-6, (&cos, &sin), dy);

@@ -335,6 +335,7 @@ impl Attention {
                 .swap_dims(1, 2);
             return (q, k, v);
         }
+        let (cos, sin) = (&inputs.cos, &inputs.signed_sin);
         let q = self.q_norm.forward(
             self.q_proj
                 .forward_checked(x.clone(), checks, "self_attn.q_proj")
@@ -350,8 +351,8 @@ impl Attention {
             .forward_checked(x, checks, "self_attn.v_proj")
             .reshape([b, s, kvh, d])
             .swap_dims(1, 2);
-        let q = rope(q.swap_dims(1, 2), &inputs.cos, &inputs.sin);
-        let k = rope(k.swap_dims(1, 2), &inputs.cos, &inputs.sin);
+        let q = rope(q.swap_dims(1, 2), cos, sin);
+        let k = rope(k.swap_dims(1, 2), cos, sin);
         (q, k, v)
     }
 
@@ -371,13 +372,27 @@ impl Attention {
     }
 }
 
-/// `x·cos + rotate_half(x)·sin` (Qwen's rotate-half convention, not interleaved pairs).
-pub(crate) fn rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
-    let d = x.dims()[3];
-    let x1 = x.clone().narrow(3, 0, d / 2);
-    let x2 = x.clone().narrow(3, d / 2, d / 2);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    x * cos.clone() + rotated * sin.clone()
+/// RoPE of `x` (`[b, heads, s, d]`):
+/// `x·cos + rotate_half(x)·sin` (Qwen's rotate-half convention, not interleaved pairs), with
+/// `cos` and `signed_sin` as [`LayerInputs`] holds them (`[b, 1, s, d]`). `rotate_half(x)` is
+/// `x` with its halves swapped and the first negated: here the swap is a flip of the axis of
+/// halves, one launch, and the sign is in `signed_sin`, where `cat` took a launch a half and
+/// its backward two more each (about 10 launches a layer of a training step on a GPU).
+pub(crate) fn rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
+    let [b, h, s, d] = x.dims();
+    let swapped = x
+        .clone()
+        .reshape([b, h, s, 2, d / 2])
+        .flip([3])
+        .reshape([b, h, s, d]);
+    x * cos.clone() + swapped * signed_sin.clone()
+}
+
+/// `sin` (`[.., d]`) with its first half negated, as [`rope`] reads it.
+pub(crate) fn signed_sin(sin: &Tensor<4>) -> Tensor<4> {
+    let half = sin.dims()[3] / 2;
+    let first = sin.clone().narrow(3, 0, half).neg();
+    Tensor::cat(vec![first, sin.clone().narrow(3, half, half)], 3)
 }
 
 /// `[b, kv_heads, s, d]` → `[b, kv_heads·groups, s, d]`, each kv head serving `groups` query heads.
@@ -656,6 +671,8 @@ pub struct LayerInputs {
     /// `[b, 1, s, head_dim]`
     pub cos: Tensor<4>,
     pub sin: Tensor<4>,
+    /// `sin` with the first half of each row negated ([`signed_sin`]), as [`rope`] reads it.
+    pub signed_sin: Tensor<4>,
     /// `[b, 1, s, s]`, true = masked out.
     pub mask: Tensor<4, Bool>,
     /// The same mask for [`flash`]'s tiles, on the plain CPU device only: there the untaped
@@ -705,9 +722,11 @@ impl LayerInputs {
         let blocks = std::env::var("DECISION_ATTENTION").is_ok_and(|v| v == "blocks");
         let tiles = (cpu_ops::is_plain_cpu(device) && !blocks)
             .then(|| flash::Mask::from_masked(&mask, b, s));
+        let sin = float(sin);
         Self {
             cos: float(cos),
-            sin: float(sin),
+            signed_sin: signed_sin(&sin),
+            sin,
             mask: Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, s, s]), device),
             tiles,
         }
