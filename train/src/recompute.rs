@@ -33,7 +33,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{DType, Device, FloatDType, Tensor};
 
-use crate::model::blocked_attention::{BlockedCore, Products};
+use crate::model::blocked_attention::{BlockedCore, Products, RowStats};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
 use crate::model::qwen3::{
@@ -240,22 +240,50 @@ impl<'a> Core<'a> {
         }
     }
 
-    fn backward(
+    /// [`Self::forward`] for the replay, with what [`Self::backward`] reads of it: the tiles'
+    /// row sums, or the blocks' rows' log-sum-exp.
+    fn forward_saving(
         &self,
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
-        (out, saved): (&Tensor<4>, Option<&flash::Saved>),
-        d_out: &Tensor<4>,
         scale: f64,
-    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    ) -> (Tensor<4>, Saved) {
         match self {
             Core::Tiles(mask) => {
                 let (q, k, v) = qkv;
-                let saved = saved.expect("the tiled forward pass saves its row sums");
-                flash::backward(q, k, v, out, saved, d_out, mask, scale as f32)
+                let (out, saved) = flash::forward(q, k, v, mask, scale as f32);
+                (out, Saved::Tiles(saved))
             }
-            Core::Blocks(core) => core.backward(qkv, out, d_out, scale),
+            Core::Blocks(core) => {
+                let (out, stats) = core.forward_saving(qkv, scale);
+                (out, Saved::Blocks(stats))
+            }
         }
     }
+
+    fn backward(
+        &self,
+        qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        (out, saved): (&Tensor<4>, &Saved),
+        d_out: &Tensor<4>,
+        scale: f64,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        match (self, saved) {
+            (Core::Tiles(mask), Saved::Tiles(saved)) => {
+                let (q, k, v) = qkv;
+                flash::backward(q, k, v, out, saved, d_out, mask, scale as f32)
+            }
+            (Core::Blocks(core), Saved::Blocks(stats)) => {
+                core.backward(qkv, out, stats, d_out, scale)
+            }
+            _ => unreachable!("the core's backward reads what its own forward pass saved"),
+        }
+    }
+}
+
+/// What the attention core's forward pass in the replay leaves for its backward.
+enum Saved {
+    Tiles(flash::Saved),
+    Blocks(RowStats),
 }
 
 /// At most about this many bytes of tape for the second half of a layer's replay (`finish`,
@@ -333,7 +361,9 @@ fn finish_backward(
         let xc = x.clone().narrow(1, r0, r).autodiff().require_grad();
         let hc = heads.clone().narrow(2, r0, r).autodiff().require_grad();
         let y = layer.finish(xc.clone(), hc.clone(), None);
-        let mut grads = (y * g.clone().narrow(1, r0, r)).sum().backward();
+        // Burn seeds a backward pass with ones of its root's shape, so `y ⊙ g` as the root pushes
+        // `g` into `y` as its sum would, without the sum's reduction of the whole piece.
+        let mut grads = (y * g.clone().narrow(1, r0, r)).backward();
         g_heads.push(hc.grad_remove(&mut grads).expect("heads feed the output"));
         g_x.push(
             xc.grad_remove(&mut grads)
@@ -345,6 +375,28 @@ fn finish_backward(
         return (g_heads.remove(0), g_x.remove(0));
     }
     (Tensor::cat(g_heads, 2), Tensor::cat(g_x, 1))
+}
+
+/// A root whose backward pass pushes the cotangents `dq`, `dk` and `dv` into the tensors `q`
+/// (`[b, heads, s, d]`), `k` and `v` (`[b, kv_heads, s, d]`) they belong to, as
+/// `Σ q ⊙ dq + Σ k ⊙ dk + Σ v ⊙ dv` would, without its three reductions of whole tensors: Burn
+/// seeds a backward pass with ones of the root's shape, so the root is `q ⊙ dq` plus
+/// `(k ⊙ dk + v ⊙ dv) / groups` repeated over the `groups` query heads of each key/value head,
+/// whose backward adds the `groups` copies of `1 / groups` back up (exactly 1 where `groups` is
+/// a power of two, as in Qwen3-0.6B, -4B and -8B; within an f32 rounding elsewhere).
+fn seeding_root(
+    (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+    (dq, dk, dv): (Tensor<4>, Tensor<4>, Tensor<4>),
+) -> Tensor<4> {
+    let [b, h, s, d] = q.dims();
+    let kvh = k.dims()[1];
+    let groups = h / kvh;
+    let kv = (k * dk + v * dv).div_scalar(groups as f64);
+    let kv = kv
+        .reshape([b, kvh, 1, s, d])
+        .expand([b, kvh, groups, s, d])
+        .reshape([b, h, s, d]);
+    q * dq + kv
 }
 
 /// [`loss_and_grads`] with the attention core run as `kind` says.
@@ -424,7 +476,7 @@ fn loss_and_grads_with(
         let xa = x_in.clone().autodiff().require_grad();
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
-        let (out, saved) = core.forward((&qp, &kp, &vp), scale);
+        let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale);
         // (x, heads) → layer output, taped, and g pushed through it, in pieces of tokens.
         let Replay::Taped { finish_bytes } = replay else {
             unreachable!("the replay by hand took every layer")
@@ -432,9 +484,8 @@ fn loss_and_grads_with(
         let rows = finish_rows(layer, batch.len(), batch.seq_len(), finish_bytes);
         let (g_heads, g_xc) = finish_backward(model, layer, (x_in, &out), g, rows, &mut acc);
         // The attention core by hand, then (q, k, v)'s gradients through their tape.
-        let (dq, dk, dv) = core.backward((&qp, &kp, &vp), (&out, saved.as_ref()), &g_heads, scale);
-        let tied = (q * dq).sum() + (k * dk).sum() + (v * dv).sum();
-        let mut grads = tied.backward();
+        let (dq, dk, dv) = core.backward((&qp, &kp, &vp), (&out, &saved), &g_heads, scale);
+        let mut grads = seeding_root((q, k, v), (dq, dk, dv)).backward();
         let g_xa = xa.grad_remove(&mut grads).expect("q, k, v depend on x");
         acc.accumulate(model, GradientsParams::from_grads(grads, layer));
         g = g_xa + g_xc;
@@ -444,7 +495,7 @@ fn loss_and_grads_with(
     // A batch without any trainable token leaves the embedding's output frozen.
     if embed.is_require_grad() || model.trainable_tokens_in(batch) {
         let e = model.embed(embed.val(), tokens, batch);
-        let grads = (e * g).sum().backward();
+        let grads = (e * g).backward();
         acc.accumulate(model, GradientsParams::from_grads(grads, model));
     }
     (value, acc.grads())

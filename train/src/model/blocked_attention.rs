@@ -10,7 +10,6 @@
 //! layer beside the projections' three passes of 29.8 TFLOP. The scores stay within f16's range
 //! by construction ([`Operands`]); the softmax and every output stay f32.
 
-use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, DType, FloatDType, Tensor};
 
 use crate::model::qwen3::Qwen3;
@@ -135,17 +134,12 @@ impl Operands {
         }
     }
 
-    /// Softmax probabilities of one block of queries over the first `e` keys,
-    /// `[b, kv_heads, groups·c, e]`, from the block's queries `qc` (rows of [`Self::q`] as
+    /// The scores of one block of queries over the first `e` keys, the mask added,
+    /// `[b, kv_heads, groups·c, e]`: from the block's queries `qc` (rows of [`Self::q`] as
     /// [`grouped`] takes them) and the block's additive mask `bias` (`[b, 1, 1, c, e]`: 0 or −∞;
     /// [`BlockedCore`] holds it). With `e = c0 + c` nothing is lost: the mask is causal, so the
     /// rows `c0..c0 + c` give the later keys probability 0, and the block costs `e / s` of a full
     /// one.
-    fn block_probs(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<4> {
-        softmax(self.block_scores(qc, bias), 3)
-    }
-
-    /// The scores [`Self::block_probs`] takes the softmax of, the mask added.
     fn block_scores(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<4> {
         let [b, kvh, gc] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
         let [_, _, _, c, e] = bias.dims();
@@ -162,13 +156,33 @@ impl Operands {
     /// are taken after the product: taken before it, Burn's fusion planner ran 19 operations of
     /// scoring's layer unfused.
     pub(crate) fn weighted_values(&self, scores: Tensor<4>, e: usize) -> Tensor<4> {
+        let (out, _, _) = self.weighted_values_with_sums(scores, e);
+        out
+    }
+
+    /// [`Self::weighted_values`] and each row's log-sum-exp of `scores`, `max + ln Σ exp(scores
+    /// − max)` (`[.., n, 1]`), from which the backward pass takes the probabilities in one
+    /// element-wise pass, `exp(scores − lse)`, as FlashAttention's backward does, instead of a
+    /// softmax's two reductions and the launches between them.
+    fn weighted_values_and_lse(&self, scores: Tensor<4>, e: usize) -> (Tensor<4>, Tensor<4>) {
+        let (out, max, sums) = self.weighted_values_with_sums(scores, e);
+        (out, max + sums.log())
+    }
+
+    /// The weighted values, the rows' largest scores and the sums of `exp(scores − max)`.
+    fn weighted_values_with_sums(
+        &self,
+        scores: Tensor<4>,
+        e: usize,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let dim = 3;
-        let weights = (scores.clone() - scores.max_dim(dim)).exp();
+        let max = scores.clone().max_dim(dim);
+        let weights = (scores - max.clone()).exp();
         let out = self
             .operand(&weights)
             .matmul(self.v.clone().narrow(2, 0, e));
         let sums = weights.sum_dim(dim);
-        self.result(out) / sums
+        (self.result(out) / sums.clone(), max, sums)
     }
 }
 
@@ -180,6 +194,10 @@ struct Block {
     rows: usize,
     bias: Tensor<5>,
 }
+
+/// Each block's rows' log-sum-exp of their scaled, masked scores (`[b, kv_heads, groups·rows,
+/// 1]`), as [`BlockedCore::forward_saving`] leaves them for [`BlockedCore::backward`].
+pub(crate) struct RowStats(Vec<Tensor<4>>);
 
 /// The blocked core as one step runs it: its blocks of query rows and the dtype of the products.
 /// The blocks' biases are cut from the mask once a step and read by every layer's passes, where
@@ -229,33 +247,57 @@ impl BlockedCore {
     /// `[b, heads, s, d]` in f32.
     pub(crate) fn forward(
         &self,
-        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
     ) -> Tensor<4> {
+        self.forward_blocks(qkv, scale, false).0
+    }
+
+    /// [`Self::forward`], and what [`Self::backward`] reads of it: each block's rows'
+    /// log-sum-exp. They cost a small element-wise launch a block.
+    pub(crate) fn forward_saving(
+        &self,
+        qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        scale: f64,
+    ) -> (Tensor<4>, RowStats) {
+        let (out, lse) = self.forward_blocks(qkv, scale, true);
+        (out, RowStats(lse))
+    }
+
+    fn forward_blocks(
+        &self,
+        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
+        scale: f64,
+        saving: bool,
+    ) -> (Tensor<4>, Vec<Tensor<4>>) {
         let [b, h, s, d] = q.dims();
         let kvh = k.dims()[1];
         let ops = Operands::new(q, k, v, scale, self.products);
-        let blocks: Vec<Tensor<4>> = self
-            .blocks(s)
-            .iter()
-            .map(
-                |&Block {
-                     c0,
-                     rows: c,
-                     ref bias,
-                 }| {
-                    // Causal: rows up to c0 + c see no key beyond it.
-                    let e = c0 + c;
-                    let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
-                    ops.weighted_values(scores, e).reshape([b, h, c, d])
-                },
-            )
-            .collect();
-        Tensor::cat(blocks, 2)
+        let (mut outs, mut lse) = (Vec::new(), Vec::new());
+        for &Block {
+            c0,
+            rows: c,
+            ref bias,
+        } in self.blocks(s)
+        {
+            // Causal: rows up to c0 + c see no key beyond it.
+            let e = c0 + c;
+            let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
+            let out = if saving {
+                let (out, l) = ops.weighted_values_and_lse(scores, e);
+                lse.push(l);
+                out
+            } else {
+                ops.weighted_values(scores, e)
+            };
+            outs.push(out.reshape([b, h, c, d]));
+        }
+        (Tensor::cat(outs, 2), lse)
     }
 
-    /// The gradients `(dq, dk, dv)` of [`Self::forward`] given its output `out` and the output's
-    /// gradient `d_out`, block by block: with `P` the block's probabilities, `dv += Pᵀ·dO`,
+    /// The gradients `(dq, dk, dv)` of [`Self::forward`] given its output `out`, the rows'
+    /// statistics `stats` ([`Self::forward_saving`]) and the output's gradient `d_out`, block by
+    /// block: with `P = exp(q·kᵀ·scale + bias − lse)` the block's probabilities, `dv += Pᵀ·dO`,
     /// `dS = P ⊙ (dO·vᵀ − rowsum(dO ⊙ O))·scale`, `dq = dS·k`, `dk += dSᵀ·q`. For half products
     /// the row sums are `rowsum(P ⊙ dP)` (equal in exact arithmetic), `dS` is rounded before its
     /// products without `scale`, and `dq` and `dk` take `scale` and σ after them (see
@@ -264,6 +306,7 @@ impl BlockedCore {
         &self,
         (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         out: &Tensor<4>,
+        RowStats(lse): &RowStats,
         d_out: &Tensor<4>,
         scale: f64,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
@@ -275,26 +318,34 @@ impl BlockedCore {
         let mut dk = k.zeros_like();
         let mut dv = v.zeros_like();
         let mut dq = Vec::new();
-        for &Block {
-            c0,
-            rows: c,
-            ref bias,
-        } in self.blocks(s)
+        assert_eq!(
+            lse.len(),
+            self.blocks.len(),
+            "the rows' statistics of each block"
+        );
+        for (
+            &Block {
+                c0,
+                rows: c,
+                ref bias,
+            },
+            lse,
+        ) in self.blocks(s).iter().zip(lse)
         {
             // Causal: the block's rows reach keys 0..e only, and only those get gradients.
             let e = c0 + c;
             let head = [0..b, 0..kvh, 0..e, 0..d];
             let qc = grouped(&ops.q, kvh, c0, c);
-            let p = ops.block_probs(qc.clone(), bias);
+            let p = (ops.block_scores(qc.clone(), bias) - lse.clone()).exp();
             let doc = grouped(&d_out_op, kvh, c0, c);
             let pt = ops.operand(&p).swap_dims(2, 3);
             let dv_e = dv.clone().slice(head.clone()) + ops.result(pt.matmul(doc.clone()));
             dv = dv.slice_assign(head.clone(), dv_e);
-            let dp = ops.result(doc.matmul(vt.clone().narrow(3, 0, e)));
+            let dp = ops.result(doc.clone().matmul(vt.clone().narrow(3, 0, e)));
             let (dq_c, dk_c) = match &ops.sigma {
                 None => {
-                    let oc = grouped(out, kvh, c0, c);
-                    let delta = (grouped(d_out, kvh, c0, c) * oc).sum_dim(3);
+                    // `doc` is `d_out`'s rows in f32
+                    let delta = (doc.clone() * grouped(out, kvh, c0, c)).sum_dim(3);
                     let ds = (p * (dp - delta)).mul_scalar(scale);
                     let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
                     (dq_c, ds.swap_dims(2, 3).matmul(qc))
@@ -393,8 +444,8 @@ mod tests {
         let chunk = 9;
         let run = |q: &Tensor<4>, k: &Tensor<4>, products| {
             let core = BlockedCore::new(&inputs.mask, chunk, products);
-            let out = core.forward((q, k, &v), scale);
-            let (dq, dk, dv) = core.backward((q, k, &v), &out, &d_out, scale);
+            let (out, stats) = core.forward_saving((q, k, &v), scale);
+            let (dq, dk, dv) = core.backward((q, k, &v), &out, &stats, &d_out, scale);
             [out, dq, dk, dv].map(values)
         };
         let names = ["out", "dq", "dk", "dv"];

@@ -676,8 +676,8 @@ mod tests {
         let d_out = normal([b, h, s, d]);
         let scale = 1.0 / (d as f64).sqrt();
         let blocked = BlockedCore::new(&inputs.mask, 37, Products::F32);
-        let want = blocked.forward((&q, &k, &v), scale);
-        let want_grads = blocked.backward((&q, &k, &v), &want, &d_out, scale);
+        let (want, stats) = blocked.forward_saving((&q, &k, &v), scale);
+        let want_grads = blocked.backward((&q, &k, &v), &want, &stats, &d_out, scale);
 
         let mask = inputs.tiles.as_ref().expect("the CPU's tiles mask");
         let (got, saved) = forward(&q, &k, &v, mask, scale as f32);
