@@ -37,7 +37,7 @@ use crate::model::blocked_attention::{BlockedCore, Products, RowStats};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
 use crate::model::qwen3::{
-    Batch, DecoderLayer, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows,
+    Batch, DecoderLayer, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, repeat_kv, whole_multiple_rows,
 };
 use crate::replay;
 
@@ -388,15 +388,9 @@ fn seeding_root(
     (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
     (dq, dk, dv): (Tensor<4>, Tensor<4>, Tensor<4>),
 ) -> Tensor<4> {
-    let [b, h, s, d] = q.dims();
-    let kvh = k.dims()[1];
-    let groups = h / kvh;
+    let groups = q.dims()[1] / k.dims()[1];
     let kv = (k * dk + v * dv).div_scalar(groups as f64);
-    let kv = kv
-        .reshape([b, kvh, 1, s, d])
-        .expand([b, kvh, groups, s, d])
-        .reshape([b, h, s, d]);
-    q * dq + kv
+    q * dq + repeat_kv(kv, groups)
 }
 
 /// [`loss_and_grads`] with the attention core run as `kind` says.

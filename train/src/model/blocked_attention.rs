@@ -160,15 +160,6 @@ impl Operands {
         out
     }
 
-    /// [`Self::weighted_values`] and each row's log-sum-exp of `scores`, `max + ln Σ exp(scores
-    /// − max)` (`[.., n, 1]`), from which the backward pass takes the probabilities in one
-    /// element-wise pass, `exp(scores − lse)`, as FlashAttention's backward does, instead of a
-    /// softmax's two reductions and the launches between them.
-    fn weighted_values_and_lse(&self, scores: Tensor<4>, e: usize) -> (Tensor<4>, Tensor<4>) {
-        let (out, max, sums) = self.weighted_values_with_sums(scores, e);
-        (out, max + sums.log())
-    }
-
     /// The weighted values, the rows' largest scores and the sums of `exp(scores − max)`.
     fn weighted_values_with_sums(
         &self,
@@ -283,13 +274,13 @@ impl BlockedCore {
             // Causal: rows up to c0 + c see no key beyond it.
             let e = c0 + c;
             let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
-            let out = if saving {
-                let (out, l) = ops.weighted_values_and_lse(scores, e);
-                lse.push(l);
-                out
-            } else {
-                ops.weighted_values(scores, e)
-            };
+            let (out, max, sums) = ops.weighted_values_with_sums(scores, e);
+            if saving {
+                // Each row's log-sum-exp, from which the backward takes the probabilities in one
+                // element-wise pass, `exp(scores − lse)`, as FlashAttention's backward does,
+                // instead of a softmax's two reductions and the launches between them.
+                lse.push(max + sums.log());
+            }
             outs.push(out.reshape([b, h, c, d]));
         }
         (Tensor::cat(outs, 2), lse)

@@ -377,7 +377,7 @@ impl Attention {
 /// `cos` and `signed_sin` as [`LayerInputs`] holds them (`[b, 1, s, d]`). `rotate_half(x)` is
 /// `x` with its halves swapped and the first negated: here the swap is a flip of the axis of
 /// halves, one launch, and the sign is in `signed_sin`, where `cat` took a launch a half and
-/// its backward two more each (about 10 launches a layer of a training step on a GPU).
+/// its backward two more each (15 launches a layer of a training step on llvmpipe).
 pub(crate) fn rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
     let [b, h, s, d] = x.dims();
     let swapped = x
@@ -396,7 +396,7 @@ pub(crate) fn signed_sin(sin: &Tensor<4>) -> Tensor<4> {
 }
 
 /// `[b, kv_heads, s, d]` → `[b, kv_heads·groups, s, d]`, each kv head serving `groups` query heads.
-fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
+pub(crate) fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
     if groups == 1 {
         return x;
     }
