@@ -14,13 +14,54 @@ use burn::tensor::{Bool, DType, FloatDType, Tensor};
 
 use crate::model::qwen3::Qwen3;
 
-/// The rows `c0..c0 + c` of `t` (`[b, heads, s, d]`), with heads grouped by the key/value head
-/// they share: `[b, kv_heads, groups·c, d]`.
-fn grouped(t: &Tensor<4>, kvh: usize, c0: usize, c: usize) -> Tensor<4> {
-    let [b, h, _, d] = t.dims();
+/// `t` (`[b, heads, s, d]`, its heads grouped by the key/value head they share) as
+/// `[b, kv_heads, s·groups, d]`: each key/value head's query rows in order, the `groups` heads
+/// of a row side by side. A block of rows is then one contiguous slab of it ([`rows`], a view)
+/// that the block's products read as they are, where rows cut from `[b, heads, s, d]` and
+/// merged with the heads were a copy a block: one copy a tensor a pass instead of one a block.
+fn by_rows(t: &Tensor<4>, kvh: usize) -> Tensor<4> {
+    let [b, h, s, d] = t.dims();
+    let groups = h / kvh;
+    if groups == 1 {
+        return t.clone();
+    }
     t.clone()
-        .narrow(2, c0, c)
-        .reshape([b, kvh, (h / kvh) * c, d])
+        .reshape([b, kvh, groups, s, d])
+        .swap_dims(2, 3)
+        .reshape([b, kvh, s * groups, d])
+}
+
+/// `t` (`[b, kv_heads, s, d]`) laid out densely in that order: a copy only where it is not. The
+/// values come from `[b, s, kv_heads, d]` as a view, whose rows a product cannot read in place
+/// (cubecl counts a batch axis with a stride below the rows' as highly permuted and copies the
+/// operand): so one copy a pass, where each block's product copied its rows of it.
+fn dense(t: &Tensor<4>) -> Tensor<4> {
+    let dims = t.dims();
+    t.clone()
+        .reshape([dims.iter().product::<usize>()])
+        .reshape(dims)
+}
+
+/// The rows `c0..c0 + c` of `t` as [`by_rows`] lays it out: `[b, kv_heads, c·groups, d]`.
+fn rows(t: &Tensor<4>, groups: usize, c0: usize, c: usize) -> Tensor<4> {
+    t.clone().narrow(2, c0 * groups, c * groups)
+}
+
+/// A block's result, `[b, kv_heads, c·groups, d]` as [`rows`] orders it, as `[b, kv_heads,
+/// groups, c, d]` (a view), for [`from_blocks`].
+fn by_heads(t: Tensor<4>, groups: usize) -> Tensor<5> {
+    let [b, kvh, n, d] = t.dims();
+    t.reshape([b, kvh, n / groups, groups, d]).swap_dims(2, 3)
+}
+
+/// The blocks' results ([`by_heads`]) concatenated on their rows, as `[b, heads, s, d]`.
+/// Burn's fusion writes a concatenation in the order its inputs lie in memory (rows, then
+/// heads), so merging the heads back copies it once a pass (as llvmpipe's launches show), where
+/// cutting each block's rows out of `[b, heads, s, d]` copied once a block.
+fn from_blocks(blocks: Vec<Tensor<5>>) -> Tensor<4> {
+    let all = Tensor::cat(blocks, 3);
+    let [b, kvh, groups, s, d] = all.dims();
+    all.reshape([b, kvh * groups, s, d])
 }
 
 /// The dtype of the blocked attention core's matrix products (`q·kᵀ` and `P·v`; backward `dO·vᵀ`,
@@ -127,25 +168,36 @@ impl Operands {
     /// The scores `q·kᵀ·scale` in f32 of queries `qc` (rows of [`Self::q`]) over the first `e`
     /// keys.
     pub(crate) fn scores(&self, qc: Tensor<4>, e: usize) -> Tensor<4> {
-        let product = qc.matmul(self.kt.clone().narrow(3, 0, e));
+        self.scaled(self.product(qc, e))
+    }
+
+    /// `qc·kᵀ` over the first `e` keys, in the products' dtype.
+    fn product(&self, qc: Tensor<4>, e: usize) -> Tensor<4> {
+        qc.matmul(self.kt.clone().narrow(3, 0, e))
+    }
+
+    /// A product `qc·kᵀ` as scores: scaled, in f32.
+    fn scaled<const D: usize>(&self, product: Tensor<D>) -> Tensor<D> {
         match &self.sigma {
             None => product.mul_scalar(self.scale),
-            Some(sigma) => product.cast(FloatDType::F32) * sigma.clone(),
+            Some(sigma) => product.cast(FloatDType::F32) * sigma.clone().reshape([1; D]),
         }
     }
 
     /// The scores of one block of queries over the first `e` keys, the mask added,
-    /// `[b, kv_heads, groups·c, e]`: from the block's queries `qc` (rows of [`Self::q`] as
-    /// [`grouped`] takes them) and the block's additive mask `bias` (`[b, 1, 1, c, e]`: 0 or −∞;
+    /// `[b, kv_heads, c·groups, e]`: from the block's queries `qc` (rows of [`Self::q`] as
+    /// [`rows`] takes them) and the block's additive mask `bias` (`[b, 1, c, 1, e]`: 0 or −∞;
     /// [`BlockedCore`] holds it). With `e = c0 + c` nothing is lost: the mask is causal, so the
     /// rows `c0..c0 + c` give the later keys probability 0, and the block costs `e / s` of a full
     /// one.
     fn block_scores(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<4> {
-        let [b, kvh, gc] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
-        let [_, _, _, c, e] = bias.dims();
-        let groups = gc / c;
-        let scores = self.scores(qc, e).reshape([b, kvh, groups, c, e]) + bias.clone();
-        scores.reshape([b, kvh, gc, e])
+        let [b, kvh, cg] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
+        let [_, _, c, _, e] = bias.dims();
+        let groups = cg / c;
+        // shaped for the bias before it is scaled, so that the scale and the bias fuse into one
+        // launch
+        let product = self.product(qc, e).reshape([b, kvh, c, groups, e]);
+        (self.scaled(product) + bias.clone()).reshape([b, kvh, cg, e])
     }
 
     /// `softmax(scores)·v` over the last axis of `scores` (`[.., n, e]`, the mask in them) and
@@ -178,16 +230,17 @@ impl Operands {
 }
 
 /// One block of query rows, `c0..c0 + rows`, which reads the keys `0..c0 + rows` (the mask is
-/// causal), with its part of the batch's mask as an additive bias, `[b, 1, 1, rows, c0 + rows]`
-/// (0 where a query sees a key, −∞ elsewhere).
+/// causal), with its part of the batch's mask as an additive bias, `[b, 1, rows, 1, c0 + rows]`
+/// (0 where a query sees a key, −∞ elsewhere), for the rows as [`rows`] orders them.
 struct Block {
     c0: usize,
     rows: usize,
     bias: Tensor<5>,
 }
 
-/// Each block's rows' log-sum-exp of their scaled, masked scores (`[b, kv_heads, groups·rows,
-/// 1]`), as [`BlockedCore::forward_saving`] leaves them for [`BlockedCore::backward`].
+/// Each block's rows' log-sum-exp of their scaled, masked scores (`[b, kv_heads, rows·groups,
+/// 1]`, ordered as [`rows`] takes them), as [`BlockedCore::forward_saving`] leaves them for
+/// [`BlockedCore::backward`].
 pub(crate) struct RowStats(Vec<Tensor<4>>);
 
 /// The blocked core as one step runs it: its blocks of query rows and the dtype of the products.
@@ -216,7 +269,7 @@ impl BlockedCore {
                 Block {
                     c0,
                     rows,
-                    bias: bias.reshape([b, 1, 1, rows, e]),
+                    bias: bias.reshape([b, 1, rows, 1, e]),
                 }
             })
             .collect();
@@ -261,9 +314,10 @@ impl BlockedCore {
         scale: f64,
         saving: bool,
     ) -> (Tensor<4>, Vec<Tensor<4>>) {
-        let [b, h, s, d] = q.dims();
+        let [_, h, s, _] = q.dims();
         let kvh = k.dims()[1];
-        let ops = Operands::new(q, k, v, scale, self.products);
+        let groups = h / kvh;
+        let ops = Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products);
         let (mut outs, mut lse) = (Vec::new(), Vec::new());
         for &Block {
             c0,
@@ -273,7 +327,7 @@ impl BlockedCore {
         {
             // Causal: rows up to c0 + c see no key beyond it.
             let e = c0 + c;
-            let scores = ops.block_scores(grouped(&ops.q, kvh, c0, c), bias);
+            let scores = ops.block_scores(rows(&ops.q, groups, c0, c), bias);
             let (out, max, sums) = ops.weighted_values_with_sums(scores, e);
             if saving {
                 // Each row's log-sum-exp, from which the backward takes the probabilities in one
@@ -281,9 +335,9 @@ impl BlockedCore {
                 // instead of a softmax's two reductions and the launches between them.
                 lse.push(max + sums.log());
             }
-            outs.push(out.reshape([b, h, c, d]));
+            outs.push(by_heads(out, groups));
         }
-        (Tensor::cat(outs, 2), lse)
+        (from_blocks(outs), lse)
     }
 
     /// The gradients `(dq, dk, dv)` of [`Self::forward`] given its output `out`, the rows'
@@ -303,17 +357,21 @@ impl BlockedCore {
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, h, s, d] = q.dims();
         let kvh = k.dims()[1];
-        let ops = Operands::new(q, k, v, scale, self.products);
+        let groups = h / kvh;
+        let ops = Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products);
         let vt = ops.v.clone().swap_dims(2, 3);
-        let d_out_op = ops.operand(d_out);
-        let mut dk = k.zeros_like();
-        let mut dv = v.zeros_like();
-        let mut dq = Vec::new();
+        let d_out = by_rows(&ops.operand(d_out), kvh);
+        // f32 takes the rows' sums from `O` (see below)
+        let out = ops.sigma.is_none().then(|| by_rows(out, kvh));
         assert_eq!(
             lse.len(),
             self.blocks.len(),
             "the rows' statistics of each block"
         );
+        // Last block first: it reads every key (`e = s`), so its `dk` and `dv` start the sums,
+        // and the earlier blocks add theirs to the first `e` rows.
+        let (mut dk, mut dv) = (None, None);
+        let mut dq = Vec::new();
         for (
             &Block {
                 c0,
@@ -321,22 +379,21 @@ impl BlockedCore {
                 ref bias,
             },
             lse,
-        ) in self.blocks(s).iter().zip(lse)
+        ) in self.blocks(s).iter().zip(lse).rev()
         {
             // Causal: the block's rows reach keys 0..e only, and only those get gradients.
             let e = c0 + c;
-            let head = [0..b, 0..kvh, 0..e, 0..d];
-            let qc = grouped(&ops.q, kvh, c0, c);
+            let qc = rows(&ops.q, groups, c0, c);
             let p = (ops.block_scores(qc.clone(), bias) - lse.clone()).exp();
-            let doc = grouped(&d_out_op, kvh, c0, c);
+            let doc = rows(&d_out, groups, c0, c);
             let pt = ops.operand(&p).swap_dims(2, 3);
-            let dv_e = dv.clone().slice(head.clone()) + ops.result(pt.matmul(doc.clone()));
-            dv = dv.slice_assign(head.clone(), dv_e);
+            add_rows(&mut dv, ops.result(pt.matmul(doc.clone())), [b, kvh, s, d]);
             let dp = ops.result(doc.clone().matmul(vt.clone().narrow(3, 0, e)));
             let (dq_c, dk_c) = match &ops.sigma {
                 None => {
                     // `doc` is `d_out`'s rows in f32
-                    let delta = (doc.clone() * grouped(out, kvh, c0, c)).sum_dim(3);
+                    let out = out.as_ref().expect("f32 products keep the output's rows");
+                    let delta = (doc * rows(out, groups, c0, c)).sum_dim(3);
                     let ds = (p * (dp - delta)).mul_scalar(scale);
                     let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
                     (dq_c, ds.swap_dims(2, 3).matmul(qc))
@@ -354,12 +411,30 @@ impl BlockedCore {
                     (dq_c.mul_scalar(scale), dk_c * sigma.clone())
                 }
             };
-            dq.push(dq_c.reshape([b, h, c, d]));
-            let dk_e = dk.clone().slice(head.clone()) + dk_c;
-            dk = dk.slice_assign(head, dk_e);
+            dq.push(by_heads(dq_c, groups));
+            add_rows(&mut dk, dk_c, [b, kvh, s, d]);
         }
-        (Tensor::cat(dq, 2), dk, dv)
+        dq.reverse();
+        let whole = "the last block reads every key";
+        (from_blocks(dq), dk.expect(whole), dv.expect(whole))
     }
+}
+
+/// Adds a block's gradient of the first `e` keys' rows (`part`, `[b, kv_heads, e, d]`) into
+/// `sum` (`shape`), which the first block taken (the last, `e = s`) starts.
+fn add_rows(sum: &mut Option<Tensor<4>>, part: Tensor<4>, shape: [usize; 4]) {
+    *sum = Some(match sum.take() {
+        None => {
+            assert_eq!(part.dims(), shape, "the first block taken reads every key");
+            part
+        }
+        Some(sum) => {
+            let [b, kvh, e, d] = part.dims();
+            let head = [0..b, 0..kvh, 0..e, 0..d];
+            let added = sum.clone().slice(head.clone()) + part;
+            sum.slice_assign(head, added)
+        }
+    });
 }
 
 #[cfg(test)]
@@ -378,37 +453,58 @@ mod tests {
         Batch::left_padded(&[a, b], 0)
     }
 
+    /// The blocked core's output and its three gradients against Burn's attention and its
+    /// autodiff, with 4 query heads over 4, 2 and 1 key/value heads (groups of 1, 2 and 4), in
+    /// blocks of 1, 3 and all 7 rows. f32 throughout: within 1e-5 absolute.
     #[test]
     fn blocked_attention_matches_burns() {
         let device = burn::tensor::Device::flex();
-        let [b, h, kvh, s, d] = [2, 4, 2, 7, 8];
-        let q = Tensor::<4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let k = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
-        let v = Tensor::<4>::random([b, kvh, s, d], Distribution::Normal(0.0, 1.0), &device);
+        let [b, h, s, d] = [2, 4, 7, 8];
+        let normal =
+            |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
         let inputs = LayerInputs::new(&batch(), d, 10000.0, &device);
-        let repeat = |t: &Tensor<4>| {
-            t.clone()
-                .reshape([b, kvh, 1, s, d])
-                .expand([b, kvh, h / kvh, s, d])
-                .reshape([b, h, s, d])
-        };
-        let want = burn::tensor::module::attention(
-            q.clone(),
-            repeat(&k),
-            repeat(&v),
-            Some(inputs.mask.clone()),
-            None,
-            AttentionModuleOptions {
-                scale: Some(0.3),
-                softcap: None,
-                is_causal: false,
-            },
-        );
-        for chunk in [1, 3, 7] {
-            let core = BlockedCore::new(&inputs.mask, chunk, Products::F32);
-            let got = core.forward((&q, &k, &v), 0.3);
-            let diff = (got - want.clone()).abs().max().into_scalar::<f32>();
-            assert!(diff <= 1e-5, "chunk {chunk}: {diff}");
+        for kvh in [4, 2, 1] {
+            let (q, k, v) = (
+                normal([b, h, s, d]),
+                normal([b, kvh, s, d]),
+                normal([b, kvh, s, d]),
+            );
+            let d_out = normal([b, h, s, d]);
+            let [qa, ka, va] = [&q, &k, &v].map(|t| t.clone().autodiff().require_grad());
+            let want = burn::tensor::module::attention(
+                qa.clone(),
+                crate::model::qwen3::repeat_kv(ka.clone(), h / kvh),
+                crate::model::qwen3::repeat_kv(va.clone(), h / kvh),
+                Some(inputs.mask.clone()),
+                None,
+                AttentionModuleOptions {
+                    scale: Some(0.3),
+                    softcap: None,
+                    is_causal: false,
+                },
+            );
+            let mut grads = (want.clone() * d_out.clone()).backward();
+            let want_grads = [qa, ka, va].map(|t| t.grad_remove(&mut grads).expect("a gradient"));
+            let want = want.inner();
+            for chunk in [1, 3, 7] {
+                let core = BlockedCore::new(&inputs.mask, chunk, Products::F32);
+                let (got, stats) = core.forward_saving((&q, &k, &v), 0.3);
+                let diff = (got.clone() - want.clone())
+                    .abs()
+                    .max()
+                    .into_scalar::<f32>();
+                assert!(diff <= 1e-5, "{kvh} key/value heads, chunk {chunk}: {diff}");
+                let (dq, dk, dv) = core.backward((&q, &k, &v), &got, &stats, &d_out, 0.3);
+                for ((name, got), want) in
+                    ["dq", "dk", "dv"].iter().zip([dq, dk, dv]).zip(&want_grads)
+                {
+                    let diff = (got - want.clone()).abs().max().into_scalar::<f32>();
+                    assert!(
+                        diff <= 1e-5,
+                        "{kvh} key/value heads, chunk {chunk}, {name}: {diff}"
+                    );
+                }
+            }
         }
     }
 
