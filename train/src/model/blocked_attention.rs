@@ -192,12 +192,19 @@ impl Operands {
     /// one.
     fn block_scores(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<4> {
         let [b, kvh, cg] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
+        let e = bias.dims()[4];
+        self.scores_by_row(qc, bias).reshape([b, kvh, cg, e])
+    }
+
+    /// [`Self::block_scores`] as `[b, kv_heads, c, groups, e]`, the bias's shape: shaped so
+    /// before it is scaled, so that the element-wise work on the scores (the scale, the bias and
+    /// in the backward the probabilities) fuses into one launch, where a reshape between them
+    /// split it in two.
+    fn scores_by_row(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<5> {
+        let [b, kvh, cg] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
         let [_, _, c, _, e] = bias.dims();
-        let groups = cg / c;
-        // shaped for the bias before it is scaled, so that the scale and the bias fuse into one
-        // launch
-        let product = self.product(qc, e).reshape([b, kvh, c, groups, e]);
-        (self.scaled(product) + bias.clone()).reshape([b, kvh, cg, e])
+        let product = self.product(qc, e).reshape([b, kvh, c, cg / c, e]);
+        self.scaled(product) + bias.clone()
     }
 
     /// `softmax(scores)·v` over the last axis of `scores` (`[.., n, e]`, the mask in them) and
@@ -360,9 +367,13 @@ impl BlockedCore {
         let groups = h / kvh;
         let ops = Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products);
         let vt = ops.v.clone().swap_dims(2, 3);
+        // f32 takes the rows' `rowsum(dO ⊙ O)` (see below), for all rows at once: a block's
+        // rows of them cost two launches each
+        let delta = ops
+            .sigma
+            .is_none()
+            .then(|| by_rows(&(d_out.clone() * out.clone()).sum_dim(3), kvh));
         let d_out = by_rows(&ops.operand(d_out), kvh);
-        // f32 takes the rows' sums from `O` (see below)
-        let out = ops.sigma.is_none().then(|| by_rows(out, kvh));
         assert_eq!(
             lse.len(),
             self.blocks.len(),
@@ -384,16 +395,19 @@ impl BlockedCore {
             // Causal: the block's rows reach keys 0..e only, and only those get gradients.
             let e = c0 + c;
             let qc = rows(&ops.q, groups, c0, c);
-            let p = (ops.block_scores(qc.clone(), bias) - lse.clone()).exp();
+            let lse = lse.clone().reshape([b, kvh, c, groups, 1]);
+            let p =
+                (ops.scores_by_row(qc.clone(), bias) - lse)
+                    .exp()
+                    .reshape([b, kvh, c * groups, e]);
             let doc = rows(&d_out, groups, c0, c);
             let pt = ops.operand(&p).swap_dims(2, 3);
             add_rows(&mut dv, ops.result(pt.matmul(doc.clone())), [b, kvh, s, d]);
             let dp = ops.result(doc.clone().matmul(vt.clone().narrow(3, 0, e)));
             let (dq_c, dk_c) = match &ops.sigma {
                 None => {
-                    // `doc` is `d_out`'s rows in f32
-                    let out = out.as_ref().expect("f32 products keep the output's rows");
-                    let delta = (doc * rows(out, groups, c0, c)).sum_dim(3);
+                    let delta = delta.as_ref().expect("f32 products take the rows' sums");
+                    let delta = rows(delta, groups, c0, c);
                     let ds = (p * (dp - delta)).mul_scalar(scale);
                     let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
                     (dq_c, ds.swap_dims(2, 3).matmul(qc))
