@@ -196,10 +196,10 @@ impl Operands {
         self.scores_by_row(qc, bias).reshape([b, kvh, cg, e])
     }
 
-    /// [`Self::block_scores`] as `[b, kv_heads, c, groups, e]`, the bias's shape: shaped so
-    /// before it is scaled, so that the element-wise work on the scores (the scale, the bias and
-    /// in the backward the probabilities) fuses into one launch, where a reshape between them
-    /// split it in two.
+    /// [`Self::block_scores`] in the bias's shape, `[b, kv_heads, c, groups, e]`. The product
+    /// takes that shape before it is scaled, so that the element-wise work on the scores (the
+    /// scale, the bias, and in the backward the probabilities) fuses into one launch, where a
+    /// reshape between them split it in two.
     fn scores_by_row(&self, qc: Tensor<4>, bias: &Tensor<5>) -> Tensor<5> {
         let [b, kvh, cg] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
         let [_, _, c, _, e] = bias.dims();
