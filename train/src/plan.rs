@@ -364,8 +364,15 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         (layer, 0)
     };
     // Each layer's input, kept for the replay: f32, or on an f16 base in f16 with each token's
-    // scale (`crate::recompute::Keep::Scaled`).
-    let kept = if f16_base { h * 2 + 4 } else { h * a };
+    // scale (`crate::recompute::Keep::Scaled`). On a GPU also the attention's rows' largest
+    // scores from the first pass, which the replay reads (`blocked_attention::RowMax`): f32, a
+    // query head a token.
+    let maxima = if cfg.train.backend == Backend::Cpu {
+        0
+    } else {
+        nh * 4
+    };
+    let kept = if f16_base { h * 2 + 4 } else { h * a } + maxima;
     let recompute = tokens * layers * kept
         + tokens * (replay_layer + core + 3 * h * 4)
         + finish_tape
@@ -1204,7 +1211,7 @@ mod tests {
     fn a_gpu_step_holds_one_piece_of_the_second_half() {
         let (_, p) = four_b(&["train.dtype=f16"]);
         let (h, qd, kvd, i, tokens): (u64, u64, u64, u64, u64) = (2560, 4096, 1024, 9728, 2 * 2048);
-        let want = tokens * 36 * (h * 2 + 4)
+        let want = tokens * 36 * (h * 2 + 4 + 32 * 4)
             + tokens * (h + qd + kvd) * 4
             + tokens * (2 * qd + 2 * kvd) * (4 * 2 + 2)
             + tokens * 3 * h * 4

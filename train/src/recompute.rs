@@ -33,7 +33,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{DType, Device, FloatDType, Tensor};
 
-use crate::model::blocked_attention::{BlockedCore, Products, RowStats};
+use crate::model::blocked_attention::{BlockedCore, Products, RowMax, RowStats};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
 use crate::model::qwen3::{
@@ -225,27 +225,32 @@ impl<'a> Core<'a> {
         }
     }
 
+    /// The first pass: the output, and what the layer's replay reads of it.
     fn forward(
         &self,
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
-    ) -> (Tensor<4>, Option<flash::Saved>) {
+    ) -> (Tensor<4>, FirstPass) {
         match self {
             Core::Tiles(mask) => {
                 let (q, k, v) = qkv;
                 let (out, saved) = flash::forward(q, k, v, mask, scale as f32);
-                (out, Some(saved))
+                (out, FirstPass::Tiles(saved))
             }
-            Core::Blocks(core) => (core.forward(qkv, scale), None),
+            Core::Blocks(core) => {
+                let (out, max) = core.forward(qkv, scale);
+                (out, FirstPass::Blocks(max))
+            }
         }
     }
 
     /// [`Self::forward`] for the replay, with what [`Self::backward`] reads of it: the tiles'
-    /// row sums, or the blocks' rows' log-sum-exp.
+    /// row sums, or the blocks' rows' log-sum-exp, these from the first pass's rows' maxima.
     fn forward_saving(
         &self,
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
+        first: Option<FirstPass>,
     ) -> (Tensor<4>, Saved) {
         match self {
             Core::Tiles(mask) => {
@@ -254,7 +259,11 @@ impl<'a> Core<'a> {
                 (out, Saved::Tiles(saved))
             }
             Core::Blocks(core) => {
-                let (out, stats) = core.forward_saving(qkv, scale);
+                let max = match &first {
+                    Some(FirstPass::Blocks(max)) => Some(max),
+                    _ => None,
+                };
+                let (out, stats) = core.forward_saving(qkv, scale, max);
                 (out, Saved::Blocks(stats))
             }
         }
@@ -278,6 +287,13 @@ impl<'a> Core<'a> {
             _ => unreachable!("the core's backward reads what its own forward pass saved"),
         }
     }
+}
+
+/// What the attention core's first pass leaves for the layer's replay: the tiles' row sums (the
+/// replay by hand reads them), or the blocks' rows' maxima.
+enum FirstPass {
+    Tiles(flash::Saved),
+    Blocks(RowMax),
 }
 
 /// What the attention core's forward pass in the replay leaves for its backward.
@@ -419,6 +435,7 @@ fn loss_and_grads_with(
     // skips the attention core (a sixth of a step's work at 2048 tokens).
     let mut saved = Vec::with_capacity(model.model.layers.len());
     let mut attention = Vec::new();
+    let mut firsts = Vec::with_capacity(model.model.layers.len());
     for (i, layer) in model.model.layers.iter().enumerate() {
         saved.push(Kept::new(&x, keep));
         if let Some(c) = checks {
@@ -426,10 +443,17 @@ fn loss_and_grads_with(
         }
         let layer = layer.valid();
         let (q, k, v) = layer.attention_inputs(x.clone(), &inputs, checks);
-        let (heads, sums) = core.forward((&q, &k, &v), layer.self_attn.scale());
-        if let Replay::ByHand { keep_attention } = replay {
-            let sums = sums.expect("the replay by hand runs the attention core in tiles");
-            attention.push(keep_attention.then(|| (heads.clone(), sums)));
+        let (heads, first) = core.forward((&q, &k, &v), layer.self_attn.scale());
+        match (replay, first) {
+            (Replay::ByHand { keep_attention }, FirstPass::Tiles(sums)) => {
+                attention.push(keep_attention.then(|| (heads.clone(), sums)));
+            }
+            (Replay::ByHand { .. }, FirstPass::Blocks(_)) => {
+                unreachable!("the replay by hand runs the attention core in tiles")
+            }
+            // A few bytes a token a layer, kept for the layer's replay
+            (Replay::Taped { .. }, first @ FirstPass::Blocks(_)) => firsts.push(Some(first)),
+            (Replay::Taped { .. }, FirstPass::Tiles(_)) => firsts.push(None),
         }
         x = layer.finish(x, heads, checks);
     }
@@ -463,14 +487,14 @@ fn loss_and_grads_with(
         acc.accumulate(model, by_hand);
         saved = Vec::new();
     }
-    for (layer, x_in) in model.model.layers.iter().zip(saved).rev() {
+    for ((layer, x_in), first) in model.model.layers.iter().zip(saved).zip(firsts).rev() {
         let x_in = x_in.restore();
         let scale = layer.self_attn.scale();
         // (q, k, v) from x, taped.
         let xa = x_in.clone().autodiff().require_grad();
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
-        let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale);
+        let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale, first);
         // (x, heads) → layer output, taped, and g pushed through it, in pieces of tokens.
         let Replay::Taped { finish_bytes } = replay else {
             unreachable!("the replay by hand took every layer")

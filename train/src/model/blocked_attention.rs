@@ -225,14 +225,40 @@ impl Operands {
         scores: Tensor<4>,
         e: usize,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        let dim = 3;
-        let max = scores.clone().max_dim(dim);
-        let weights = (scores - max.clone()).exp();
+        let max = scores.clone().max_dim(3);
+        let (out, sums) = self.weigh((scores - max.clone()).exp(), e);
+        (out, max, sums)
+    }
+
+    /// [`Self::weighted_values_with_sums`] of a block's queries `qc` under its `bias` (as
+    /// [`Self::block_scores`] takes them), with `max` given: a first pass's rows' largest scores
+    /// ([`RowMax`]). `exp(scores − max)` then fuses with the scores' scale and bias into one
+    /// launch, where the rows' maxima took a reduction and a launch of their own. The first
+    /// pass's scores may differ from these by a rounding (an f16 base's replay restores its
+    /// input from f16), which moves only the sums, by about as much: the softmax stays exact.
+    fn weighted_values_under(
+        &self,
+        qc: Tensor<4>,
+        bias: &Tensor<5>,
+        max: Tensor<4>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, kvh, cg] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
+        let [_, _, c, _, e] = bias.dims();
+        let groups = cg / c;
+        let weights = (self.scores_by_row(qc, bias) - max.clone().reshape([b, kvh, c, groups, 1]))
+            .exp()
+            .reshape([b, kvh, cg, e]);
+        let (out, sums) = self.weigh(weights, e);
+        (out, max, sums)
+    }
+
+    /// `weights · v` over `v`'s first `e` rows, divided by the weights' row sums; and the sums.
+    fn weigh(&self, weights: Tensor<4>, e: usize) -> (Tensor<4>, Tensor<4>) {
         let out = self
             .operand(&weights)
             .matmul(self.v.clone().narrow(2, 0, e));
-        let sums = weights.sum_dim(dim);
-        (self.result(out) / sums.clone(), max, sums)
+        let sums = weights.sum_dim(3);
+        (self.result(out) / sums.clone(), sums)
     }
 }
 
@@ -249,6 +275,12 @@ struct Block {
 /// 1]`, ordered as [`rows`] takes them), as [`BlockedCore::forward_saving`] leaves them for
 /// [`BlockedCore::backward`].
 pub(crate) struct RowStats(Vec<Tensor<4>>);
+
+/// Each block's rows' largest scaled, masked scores (`[b, kv_heads, rows·groups, 1]`), as a
+/// first pass ([`BlockedCore::forward`]) found them: a layer's replay
+/// ([`BlockedCore::forward_saving`]) subtracts them before `exp`. 4 bytes a query head a token
+/// (512 KiB a layer at the 4B's 2 × 2048 tokens).
+pub(crate) struct RowMax(Vec<Tensor<4>>);
 
 /// The blocked core as one step runs it: its blocks of query rows and the dtype of the products.
 /// The blocks' biases are cut from the mask once a step and read by every layer's passes, where
@@ -295,56 +327,73 @@ impl BlockedCore {
 
     /// Scaled dot-product attention with grouped key/value heads, `softmax(q·kᵀ·scale + bias)·v`.
     /// `q` is `[b, heads, s, d]`, `k` and `v` `[b, kv_heads, s, d]`, all f32; returns
-    /// `[b, heads, s, d]` in f32.
+    /// `[b, heads, s, d]` in f32, and each block's rows' largest scores, which a replay of the
+    /// same layer ([`Self::forward_saving`]) takes instead of finding them again.
     pub(crate) fn forward(
         &self,
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
-    ) -> Tensor<4> {
-        self.forward_blocks(qkv, scale, false).0
+    ) -> (Tensor<4>, RowMax) {
+        let (out, max, _) = self.forward_blocks(qkv, scale, None, false);
+        (out, RowMax(max))
     }
 
-    /// [`Self::forward`], and what [`Self::backward`] reads of it: each block's rows'
-    /// log-sum-exp. They cost a small element-wise launch a block.
+    /// [`Self::forward`] again, and what [`Self::backward`] reads of it: each block's rows'
+    /// log-sum-exp (a small element-wise launch a block). With a first pass's rows' maxima
+    /// (`first`), each block skips finding them: a reduction and a launch fewer a block.
     pub(crate) fn forward_saving(
         &self,
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
+        first: Option<&RowMax>,
     ) -> (Tensor<4>, RowStats) {
-        let (out, lse) = self.forward_blocks(qkv, scale, true);
+        let (out, _, lse) = self.forward_blocks(qkv, scale, first, true);
         (out, RowStats(lse))
     }
 
+    /// The output, each block's rows' largest scores (or `first`'s) and, when `saving`, their
+    /// log-sum-exp.
     fn forward_blocks(
         &self,
         (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
+        first: Option<&RowMax>,
         saving: bool,
-    ) -> (Tensor<4>, Vec<Tensor<4>>) {
+    ) -> (Tensor<4>, Vec<Tensor<4>>, Vec<Tensor<4>>) {
         let [_, h, s, _] = q.dims();
         let kvh = k.dims()[1];
         let groups = h / kvh;
         let ops = Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products);
-        let (mut outs, mut lse) = (Vec::new(), Vec::new());
-        for &Block {
-            c0,
-            rows: c,
-            ref bias,
-        } in self.blocks(s)
+        if let Some(RowMax(max)) = first {
+            assert_eq!(max.len(), self.blocks.len(), "the first pass's blocks");
+        }
+        let (mut outs, mut maxima, mut lse) = (Vec::new(), Vec::new(), Vec::new());
+        for (
+            i,
+            &Block {
+                c0,
+                rows: c,
+                ref bias,
+            },
+        ) in self.blocks(s).iter().enumerate()
         {
             // Causal: rows up to c0 + c see no key beyond it.
             let e = c0 + c;
-            let scores = ops.block_scores(rows(&ops.q, groups, c0, c), bias);
-            let (out, max, sums) = ops.weighted_values_with_sums(scores, e);
+            let qc = rows(&ops.q, groups, c0, c);
+            let (out, max, sums) = match first {
+                None => ops.weighted_values_with_sums(ops.block_scores(qc, bias), e),
+                Some(RowMax(max)) => ops.weighted_values_under(qc, bias, max[i].clone()),
+            };
             if saving {
                 // Each row's log-sum-exp, from which the backward takes the probabilities in one
                 // element-wise pass, `exp(scores − lse)`, as FlashAttention's backward does,
                 // instead of a softmax's two reductions and the launches between them.
-                lse.push(max + sums.log());
+                lse.push(max.clone() + sums.log());
             }
+            maxima.push(max);
             outs.push(by_heads(out, groups));
         }
-        (from_blocks(outs), lse)
+        (from_blocks(outs), maxima, lse)
     }
 
     /// The gradients `(dq, dk, dv)` of [`Self::forward`] given its output `out`, the rows'
@@ -472,7 +521,9 @@ mod tests {
     /// blocks of 1, 3 and all 7 rows. f32 throughout: within 1e-5 absolute.
     #[test]
     fn blocked_attention_matches_burns() {
+        let _rng = crate::trainer_tests::device_rng();
         let device = burn::tensor::Device::flex();
+        device.seed(5);
         let [b, h, s, d] = [2, 4, 7, 8];
         let normal =
             |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
@@ -502,7 +553,7 @@ mod tests {
             let want = want.inner();
             for chunk in [1, 3, 7] {
                 let core = BlockedCore::new(&inputs.mask, chunk, Products::F32);
-                let (got, stats) = core.forward_saving((&q, &k, &v), 0.3);
+                let (got, stats) = core.forward_saving((&q, &k, &v), 0.3, None);
                 let diff = (got.clone() - want.clone())
                     .abs()
                     .max()
@@ -545,7 +596,7 @@ mod tests {
         let chunk = 9;
         let run = |q: &Tensor<4>, k: &Tensor<4>, products| {
             let core = BlockedCore::new(&inputs.mask, chunk, products);
-            let (out, stats) = core.forward_saving((q, k, &v), scale);
+            let (out, stats) = core.forward_saving((q, k, &v), scale, None);
             let (dq, dk, dv) = core.backward((q, k, &v), &out, &stats, &d_out, scale);
             [out, dq, dk, dv].map(values)
         };

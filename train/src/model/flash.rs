@@ -676,7 +676,7 @@ mod tests {
         let d_out = normal([b, h, s, d]);
         let scale = 1.0 / (d as f64).sqrt();
         let blocked = BlockedCore::new(&inputs.mask, 37, Products::F32);
-        let (want, stats) = blocked.forward_saving((&q, &k, &v), scale);
+        let (want, stats) = blocked.forward_saving((&q, &k, &v), scale, None);
         let want_grads = blocked.backward((&q, &k, &v), &want, &stats, &d_out, scale);
 
         let mask = inputs.tiles.as_ref().expect("the CPU's tiles mask");
@@ -709,7 +709,7 @@ mod tests {
                 tensor(v.collect(), t.dims(), &device)
             };
             let (q, k, v) = (round(&q), round(&k), round(&v));
-            let want = values(&blocked.forward((&q, &k, &v), scale));
+            let want = values(&blocked.forward((&q, &k, &v), scale).0);
             let got = values(&forward_in_bf16(&q, &k, &v, mask, scale as f32));
             let top = values(&v).iter().fold(0f32, |m, x| m.max(x.abs()));
             let bound = (2f32.powi(-9) + tol as f32) * top;
