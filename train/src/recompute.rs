@@ -250,7 +250,7 @@ impl<'a> Core<'a> {
         &self,
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
-        first: Option<FirstPass>,
+        first: Option<&RowMax>,
     ) -> (Tensor<4>, Saved) {
         match self {
             Core::Tiles(mask) => {
@@ -259,11 +259,7 @@ impl<'a> Core<'a> {
                 (out, Saved::Tiles(saved))
             }
             Core::Blocks(core) => {
-                let max = match &first {
-                    Some(FirstPass::Blocks(max)) => Some(max),
-                    _ => None,
-                };
-                let (out, stats) = core.forward_saving(qkv, scale, max);
+                let (out, stats) = core.forward_saving(qkv, scale, first);
                 (out, Saved::Blocks(stats))
             }
         }
@@ -435,7 +431,7 @@ fn loss_and_grads_with(
     // skips the attention core (a sixth of a step's work at 2048 tokens).
     let mut saved = Vec::with_capacity(model.model.layers.len());
     let mut attention = Vec::new();
-    let mut firsts = Vec::with_capacity(model.model.layers.len());
+    let mut maxima = Vec::with_capacity(model.model.layers.len());
     for (i, layer) in model.model.layers.iter().enumerate() {
         saved.push(Kept::new(&x, keep));
         if let Some(c) = checks {
@@ -451,9 +447,9 @@ fn loss_and_grads_with(
             (Replay::ByHand { .. }, FirstPass::Blocks(_)) => {
                 unreachable!("the replay by hand runs the attention core in tiles")
             }
-            // A few bytes a token a layer, kept for the layer's replay
-            (Replay::Taped { .. }, first @ FirstPass::Blocks(_)) => firsts.push(Some(first)),
-            (Replay::Taped { .. }, FirstPass::Tiles(_)) => firsts.push(None),
+            // 4 bytes a query head a token, kept for the layer's replay
+            (Replay::Taped { .. }, FirstPass::Blocks(max)) => maxima.push(Some(max)),
+            (Replay::Taped { .. }, FirstPass::Tiles(_)) => maxima.push(None),
         }
         x = layer.finish(x, heads, checks);
     }
@@ -487,14 +483,14 @@ fn loss_and_grads_with(
         acc.accumulate(model, by_hand);
         saved = Vec::new();
     }
-    for ((layer, x_in), first) in model.model.layers.iter().zip(saved).zip(firsts).rev() {
+    for ((layer, x_in), max) in model.model.layers.iter().zip(saved).zip(maxima).rev() {
         let x_in = x_in.restore();
         let scale = layer.self_attn.scale();
         // (q, k, v) from x, taped.
         let xa = x_in.clone().autodiff().require_grad();
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
-        let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale, first);
+        let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale, max.as_ref());
         // (x, heads) → layer output, taped, and g pushed through it, in pieces of tokens.
         let Replay::Taped { finish_bytes } = replay else {
             unreachable!("the replay by hand took every layer")
