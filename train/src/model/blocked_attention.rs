@@ -242,14 +242,25 @@ impl Operands {
         bias: &Tensor<5>,
         max: Tensor<4>,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let e = bias.dims()[4];
+        let (out, sums) = self.weigh(self.exp_scores_less(qc, bias, max.clone()), e);
+        (out, max, sums)
+    }
+
+    /// `exp(scores − per_row)` of a block's queries `qc` under its `bias`, `[b, kv_heads,
+    /// c·groups, e]`, with one value a row in `per_row` (`[b, kv_heads, c·groups, 1]`: the rows'
+    /// largest scores, or their log-sum-exp), taken in the bias's shape so that it fuses with
+    /// the scores' scale and bias into one launch ([`Self::scores_by_row`]).
+    fn exp_scores_less(&self, qc: Tensor<4>, bias: &Tensor<5>, per_row: Tensor<4>) -> Tensor<4> {
         let [b, kvh, cg] = [qc.dims()[0], qc.dims()[1], qc.dims()[2]];
         let [_, _, c, _, e] = bias.dims();
-        let groups = cg / c;
-        let weights = (self.scores_by_row(qc, bias) - max.clone().reshape([b, kvh, c, groups, 1]))
+        // reshaped before the product: reshaped after it, Burn's fusion planner ran `exp` in a
+        // launch of its own (on llvmpipe 2 more a layer in the replay's forward and 2 in the
+        // backward, at 2 blocks)
+        let per_row = per_row.reshape([b, kvh, c, cg / c, 1]);
+        (self.scores_by_row(qc, bias) - per_row)
             .exp()
-            .reshape([b, kvh, cg, e]);
-        let (out, sums) = self.weigh(weights, e);
-        (out, max, sums)
+            .reshape([b, kvh, cg, e])
     }
 
     /// `weights · v` over `v`'s first `e` rows, divided by the weights' row sums; and the sums.
@@ -444,11 +455,7 @@ impl BlockedCore {
             // Causal: the block's rows reach keys 0..e only, and only those get gradients.
             let e = c0 + c;
             let qc = rows(&ops.q, groups, c0, c);
-            let lse = lse.clone().reshape([b, kvh, c, groups, 1]);
-            let p =
-                (ops.scores_by_row(qc.clone(), bias) - lse)
-                    .exp()
-                    .reshape([b, kvh, c * groups, e]);
+            let p = ops.exp_scores_less(qc.clone(), bias, lse.clone());
             let doc = rows(&d_out, groups, c0, c);
             let pt = ops.operand(&p).swap_dims(2, 3);
             add_rows(&mut dv, ops.result(pt.matmul(doc.clone())), [b, kvh, s, d]);
