@@ -21,6 +21,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
+use crate::model::reduce;
+
 /// AdamW hyper-parameters (from `[optim]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct AdamWSettings {
@@ -265,28 +267,80 @@ impl ModuleMapper for UpdateMapper<'_> {
     }
 }
 
-/// The global L2 norm of all gradients held for `module`'s parameters. Every tensor's sum of
-/// squares is queued before the first addition, so that on a GPU Burn's fusion adds them in a few
-/// launches instead of one each (46 fewer a step for 112 adapter tensors on llvmpipe); the sums
-/// are added in the same order as before, to the bit.
+/// The global L2 norm of all gradients held for `module`'s parameters, in f32.
+///
+/// The gradients are laid end to end in chunks (see [`NormChunks`]) and each chunk's squares are
+/// summed in f32 ([`reduce::sum`]: in rows, and then over them). On a GPU Burn's fusion
+/// concatenates and squares a chunk in one launch, and the sum takes one or two more, where a sum
+/// per tensor took three (a square, and a sum over each of its two axes). On llvmpipe, over the 112 adapter tensors of an 8-layer LoRA step,
+/// the norm and the update took 460 launches and take 154: the step 2 364 and 2 058.
 pub(crate) fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
-    struct Norm<'a> {
+    grad_norm_in(module, grads, NormChunks::DEFAULT)
+}
+
+/// How [`global_grad_norm`] groups the gradients.
+#[derive(Clone, Copy)]
+struct NormChunks {
+    /// Tensors a chunk concatenates: 6 inputs and the output fit the 8 storage buffers a kernel
+    /// may bind on every WebGPU adapter (its default limit), so one fused kernel writes them on
+    /// any GPU; more would fall back to a copy per tensor where the adapter binds fewer.
+    tensors: usize,
+    /// Elements a chunk holds, which bounds the copy (64 MiB of f32); a larger tensor is a chunk
+    /// of its own and is not copied.
+    elements: usize,
+}
+
+impl NormChunks {
+    const DEFAULT: Self = Self {
+        tensors: 6,
+        elements: 16 << 20,
+    };
+}
+
+fn grad_norm_in<M: Module>(module: &M, grads: &GradientsParams, limits: NormChunks) -> f64 {
+    struct Flat<'a> {
         grads: &'a GradientsParams,
-        sums: Vec<Tensor<1>>,
+        limits: NormChunks,
+        chunks: Vec<(usize, Vec<Tensor<1>>)>,
     }
-    impl ModuleVisitor for Norm<'_> {
+    impl ModuleVisitor for Flat<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(g) = self.grads.get::<D>(param.id) {
-                self.sums.push(g.inner().square().sum());
+            let Some(g) = self.grads.get::<D>(param.id) else {
+                return;
+            };
+            let n = g.shape().num_elements();
+            let g = g.inner().reshape([n]);
+            let NormChunks { tensors, elements } = self.limits;
+            match self.chunks.last_mut() {
+                Some((len, chunk))
+                    if chunk.len() < tensors
+                        && *len + n <= elements
+                        && chunk[0].dtype() == g.dtype() =>
+                {
+                    *len += n;
+                    chunk.push(g);
+                }
+                _ => self.chunks.push((n, vec![g])),
             }
         }
     }
-    let mut v = Norm {
+    let mut v = Flat {
         grads,
-        sums: Vec::new(),
+        limits,
+        chunks: Vec::new(),
     };
     module.visit(&mut v);
-    match v.sums.into_iter().reduce(|a, b| a + b) {
+    let sums = v.chunks.into_iter().map(|(_, chunk)| {
+        let flat = if chunk.len() == 1 {
+            chunk.into_iter().next().expect("a chunk holds a tensor")
+        } else {
+            Tensor::cat(chunk, 0)
+        };
+        reduce::sum(flat.cast(burn::tensor::DType::F32).square())
+    });
+    // Every chunk's sum is queued before the first addition, so that the additions fuse.
+    let sums: Vec<Tensor<1>> = sums.collect();
+    match sums.into_iter().reduce(|a, b| a + b) {
         Some(s) => (s.into_scalar::<f32>() as f64).sqrt(),
         None => 0.0,
     }
@@ -498,6 +552,74 @@ mod tests {
                 s.lr(step as u64)
             );
         }
+    }
+
+    #[derive(Module, Debug)]
+    struct Many {
+        ws: Vec<Param<Tensor<2>>>,
+        half: Param<Tensor<1>>,
+        last: Param<Tensor<1>>,
+    }
+
+    /// The norm over chunks of every size equals the one summed on the host in f64, whichever way
+    /// the tensors are grouped: by count, by elements, a tensor larger than a chunk alone, and an
+    /// f16 gradient, which starts a chunk of its own and is squared in f32; chunks reduced in one
+    /// axis and in two.
+    #[test]
+    fn grad_norm_over_chunks_equals_the_hosts() {
+        use burn::tensor::DType;
+        let device = Device::flex().autodiff();
+        let value = |i: usize, j: usize| ((i * 7 + j * 3) % 11) as f32 * 0.25 - 1.2;
+        let ws: Vec<Param<Tensor<2>>> = (0..13)
+            .map(|i| {
+                // the eighth, 6 100 elements, is reduced as [2, 3 050]
+                let [r, c] = if i == 7 {
+                    [61, 100]
+                } else {
+                    [1 + i % 3, 2 + i % 5]
+                };
+                let data: Vec<f32> = (0..r * c).map(|j| value(i, j)).collect();
+                let t = Tensor::<2>::from_data(TensorData::new(data, [r, c]), &device);
+                Param::from_tensor(t.require_grad())
+            })
+            .collect();
+        let vector = |n: usize, k: usize, dtype: DType| {
+            let data: Vec<f32> = (0..n).map(|j| value(k, j)).collect();
+            let t = Tensor::<1>::from_data(TensorData::new(data, [n]), &device).cast(dtype);
+            Param::from_tensor(t.require_grad())
+        };
+        let model = Many {
+            ws,
+            half: vector(9, 20, DType::F16),
+            last: vector(5, 21, DType::F32),
+        };
+        // loss = Σ w² / 2 over every tensor: each gradient is the tensor itself.
+        let mut loss =
+            model.half.val().cast(DType::F32).square().sum() + model.last.val().square().sum();
+        for w in &model.ws {
+            loss = loss + w.val().square().sum();
+        }
+        let grads = GradientsParams::from_grads(loss.mul_scalar(0.5).backward(), &model);
+        let mut want = 0.0f64;
+        let mut add = |t: Tensor<1>| {
+            let v = t.cast(DType::F32).into_data().convert::<f64>();
+            want += v.iter::<f64>().map(|x| x * x).sum::<f64>();
+        };
+        for w in &model.ws {
+            let n = w.shape().num_elements();
+            add(w.val().reshape([n]));
+        }
+        add(model.half.val());
+        add(model.last.val());
+        let want = want.sqrt();
+        for (tensors, elements) in [(6, 16 << 20), (4, 1 << 20), (100, 12), (1, 1), (3, 0)] {
+            let got = grad_norm_in(&model, &grads, NormChunks { tensors, elements });
+            assert!(
+                (got - want).abs() < 1e-6 * want,
+                "{tensors} tensors, {elements} elements a chunk: {got} vs {want}"
+            );
+        }
+        assert!((global_grad_norm(&model, &grads) - want).abs() < 1e-6 * want);
     }
 
     #[test]

@@ -20,10 +20,11 @@
 use std::cell::{Cell, RefCell};
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Bool, DType, FloatDType, Tensor};
+use burn::tensor::{DType, FloatDType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::model::qwen3::{Proj, Qwen3};
+use crate::model::reduce;
 
 /// `[train] f16_overflow`: what a frozen f16 product that overflows does to the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -96,12 +97,13 @@ impl LossScaler {
     }
 }
 
-/// The device-side flags of one forward pass's f16 products: for each, whether any element of
-/// its output was not finite. Nothing is read from the device until [`Self::overflowed`].
+/// The device-side checks of one forward pass's f16 products: for each, the f32 sum of its output,
+/// which is finite exactly when every element is. Nothing is read from the device until
+/// [`Self::overflowed`].
 #[derive(Default)]
 pub struct ProductChecks {
     layer: Cell<usize>,
-    flags: RefCell<Vec<(usize, &'static str, Tensor<1, Bool>)>>,
+    sums: RefCell<Vec<(usize, &'static str, Tensor<1>)>>,
 }
 
 impl ProductChecks {
@@ -114,29 +116,40 @@ impl ProductChecks {
         self.layer.set(layer);
     }
 
-    /// Flag `y`, the f16 output of projection `proj` (`mlp.down_proj`), on the device.
+    /// Check `y`, the f16 output of projection `proj` (`mlp.down_proj`), on the device.
+    ///
+    /// Its sum in f32 stands for it: f16 values are at most 65 504 in size, so no sum of fewer
+    /// than 2^111 of them leaves f32's range, while an infinity or a NaN carries through every
+    /// addition (`inf + -inf` is a NaN). So the sum is finite exactly when the output is. It
+    /// reads `y` once, in runs of 64 a thread ([`reduce::sum_all`]), where `is_finite().any()`
+    /// wrote a flag for every element and reduced the flags a column a thread.
     pub fn record<const D: usize>(&self, proj: &'static str, y: &Tensor<D>) {
-        let bad = y.clone().is_finite().bool_not().any();
-        self.flags.borrow_mut().push((self.layer.get(), proj, bad));
+        let sum = reduce::sum_all(y.clone());
+        self.sums.borrow_mut().push((self.layer.get(), proj, sum));
     }
 
     /// The checkpoint paths (`model.layers.3.mlp.down_proj`) of the products whose output was
     /// not finite, in the order they ran: one read from the device for all of them.
     pub fn overflowed(&self) -> Vec<String> {
-        let flags = self.flags.take();
-        if flags.is_empty() {
+        let sums = self.sums.take();
+        // Their total (far inside f32's range while they are finite) is the one value read when
+        // every product was finite; only a step that overflowed reads them all to name it.
+        let Some(total) = sums.iter().map(|(_, _, s)| s.clone()).reduce(|a, b| a + b) else {
+            return Vec::new();
+        };
+        if total.into_scalar::<f32>().is_finite() {
             return Vec::new();
         }
-        let names: Vec<(usize, &str)> = flags.iter().map(|(l, p, _)| (*l, *p)).collect();
-        let all = Tensor::cat(flags.into_iter().map(|(_, _, f)| f).collect(), 0);
-        let bad = all
+        let names: Vec<(usize, &str)> = sums.iter().map(|(l, p, _)| (*l, *p)).collect();
+        let all = Tensor::cat(sums.into_iter().map(|(_, _, s)| s).collect(), 0)
             .into_data()
-            .try_to_vec::<bool>()
-            .expect("flags read back as bool");
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("sums read back as f32");
         names
             .into_iter()
-            .zip(bad)
-            .filter(|(_, b)| *b)
+            .zip(all)
+            .filter(|(_, s)| !s.is_finite())
             .map(|((layer, proj), _)| format!("model.layers.{layer}.{proj}"))
             .collect()
     }
@@ -199,6 +212,55 @@ pub(crate) fn overflow_error(names: &[String], step: u64) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    /// f16 outputs `[4, 96]` all 60 000 but for `bad` at row 2, column 70: each row sums to
+    /// 5.76e6, far past f16's range, and only the non-finite ones are named, in layer order.
+    #[test]
+    fn checks_name_exactly_the_products_with_an_infinity_or_a_nan() {
+        let device = Device::flex();
+        let output = |bad: Option<f32>| {
+            let mut data = vec![60_000.0f32; 4 * 96];
+            if let Some(b) = bad {
+                data[2 * 96 + 70] = b;
+            }
+            Tensor::<2>::from_data(TensorData::new(data, [4, 96]), &device).cast(DType::F16)
+        };
+        let checks = ProductChecks::new();
+        for (layer, proj, bad) in [
+            (0, "self_attn.q_proj", None),
+            (0, "mlp.down_proj", Some(f32::INFINITY)),
+            (1, "mlp.up_proj", Some(f32::NAN)),
+            (2, "mlp.gate_proj", Some(f32::NEG_INFINITY)),
+            (3, "mlp.down_proj", Some(-65_504.0)),
+        ] {
+            checks.at_layer(layer);
+            checks.record(proj, &output(bad));
+        }
+        assert_eq!(
+            checks.overflowed(),
+            [
+                "model.layers.0.mlp.down_proj",
+                "model.layers.1.mlp.up_proj",
+                "model.layers.2.mlp.gate_proj"
+            ]
+        );
+        // Both infinities in one output sum to a NaN, still named; all finite, none.
+        let checks = ProductChecks::new();
+        let mut data = vec![1.0f32; 3 * 64];
+        data[5] = f32::INFINITY;
+        data[100] = f32::NEG_INFINITY;
+        let y = Tensor::<3>::from_data(TensorData::new(data, [1, 3, 64]), &device);
+        checks.record("self_attn.o_proj", &y.cast(DType::F16));
+        checks.record("self_attn.k_proj", &output(None));
+        assert_eq!(checks.overflowed(), ["model.layers.0.self_attn.o_proj"]);
+        checks.record("self_attn.k_proj", &output(None));
+        assert!(checks.overflowed().is_empty());
+        assert!(
+            checks.overflowed().is_empty(),
+            "nothing recorded, nothing read"
+        );
+    }
 
     #[test]
     fn the_scale_halves_on_overflow_and_doubles_after_a_run_of_good_steps() {

@@ -31,5 +31,6 @@ pub mod lora;
 pub mod peft;
 pub mod qwen3;
 pub mod random_checkpoint;
+pub(crate) mod reduce;
 pub mod score;
 pub mod weights;
