@@ -129,7 +129,8 @@ impl ProductChecks {
     }
 
     /// The checkpoint paths (`model.layers.3.mlp.down_proj`) of the products whose output was
-    /// not finite, in the order they ran: one read from the device for all of them.
+    /// not finite, in the order they ran: one read from the device for all of them, and one more
+    /// where any was not.
     pub fn overflowed(&self) -> Vec<String> {
         let sums = self.sums.take();
         // Their total (far inside f32's range while they are finite) is the one value read when
