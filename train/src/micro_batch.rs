@@ -34,6 +34,9 @@ pub(crate) struct PassPlan {
     /// With recompute, whether the replay by hand reuses each layer's attention from the first
     /// pass (the memory plan's choice, [`crate::plan::MemoryPlan::fitted`]).
     pub keep_attention: bool,
+    /// With recompute through the tape, at most about this many bytes of a layer's second
+    /// half's tape at a time (`[train] replay_piece_mib`).
+    pub finish_bytes: usize,
     pub weights: LossWeights,
     /// Multiplies the loss before the backward pass (1 without dynamic loss scaling).
     pub loss_scale: f32,
@@ -48,6 +51,7 @@ impl PassPlan {
             grad_accum: cfg.optim.grad_accum,
             recompute: cfg.train.recompute,
             keep_attention: true,
+            finish_bytes: cfg.train.replay_piece_mib << 20,
             weights,
             loss_scale: 1.0,
             check_products: false,
@@ -157,6 +161,7 @@ fn shard_pass(
             head,
             checks.as_ref(),
             plan.keep_attention,
+            plan.finish_bytes,
         )
     } else {
         let loss = head(model.decode_checked(&mb.batch, checks.as_ref()));

@@ -155,6 +155,10 @@ pub struct MemoryPlan {
     /// Whether the replay reuses that kept attention: true unless [`MemoryPlan::fitted`] found
     /// that dropping it is what lets the run fit its device.
     pub keep_attention: bool,
+    /// A replay through the tape: the pieces of tokens its layers' second halves run in, and
+    /// one piece's tape (`[train] replay_piece_mib`); 0 pieces elsewhere.
+    pub replay_pieces: usize,
+    pub replay_piece_tape: u64,
     /// One micro-batch's activations without it.
     pub activations_taped: u64,
     pub recompute: bool,
@@ -353,15 +357,17 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // gradients that the MLP's backward holds beside them. Checked against what Burn's GPU
     // runtime reserved on llvmpipe (docs/results.md). The layer's second half (after the
     // attention core) replays in pieces of tokens, one piece's tape alive at a time
-    // (`crate::recompute::finish_pieces`).
-    let (replay_layer, finish_tape) = if cfg.train.mode == Mode::Lora && !by_hand {
-        use crate::recompute::{FINISH_BUDGET, finish_bytes_per_token, finish_pieces};
+    // (`crate::recompute::finish_pieces`, within `[train] replay_piece_mib`).
+    let (replay_layer, finish_tape, replay_pieces) = if cfg.train.mode == Mode::Lora && !by_hand {
+        use crate::recompute::{finish_bytes_per_token, finish_pieces};
         let dims = [h, qd, i].map(|n| n as usize);
-        let rows = finish_pieces(b as usize, s as usize, dims, true, FINISH_BUDGET) as u64;
+        let budget = cfg.train.replay_piece_mib << 20;
+        let rows = finish_pieces(b as usize, s as usize, dims, true, budget) as u64;
         let per_token = finish_bytes_per_token(dims) as u64;
-        ((h + qd + kvd) * a, b * rows * per_token)
+        let pieces = s.div_ceil(rows.max(1)) as usize;
+        ((h + qd + kvd) * a, b * rows * per_token, pieces)
     } else {
-        (layer, 0)
+        (layer, 0, 0)
     };
     // Each layer's input, kept for the replay: f32, or on an f16 base in f16 with each token's
     // scale (`crate::recompute::Keep::Scaled`). On a GPU also the attention's rows' largest
@@ -452,6 +458,8 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
         activations_taped,
         attention_kept: alive * attention_kept,
         keep_attention: true,
+        replay_pieces,
+        replay_piece_tape: finish_tape,
         recompute: cfg.train.recompute,
         finish,
         evaluation,
@@ -660,6 +668,20 @@ impl MemoryPlan {
             &format!("activations with recompute{on}"),
             self.activations_recompute,
         );
+        if self.recompute && self.replay_pieces > 0 {
+            row(
+                &mut o,
+                &match self.replay_pieces {
+                    1 => "  of which the replay's one piece".to_string(),
+                    n => format!("  of which 1 of {n} replay pieces"),
+                },
+                self.replay_piece_tape,
+            );
+            let _ = writeln!(
+                o,
+                "    ([train] replay_piece_mib: fewer pieces hold more and launch less)"
+            );
+        }
         if self.recompute && self.attention_kept > 0 {
             if self.keep_attention {
                 row(
@@ -1231,6 +1253,30 @@ mod tests {
         let (_, cpu) = four_b(&["train.backend=cpu"]);
         let embed = 151936 * 2560 * (4 + 2);
         assert!(cpu.finish > embed && p.finish < embed);
+    }
+
+    /// `[train] replay_piece_mib` sets the second half's pieces the plan counts: at 1024 the 4B's
+    /// 2 x 2048 tokens replay whole (one piece of 2048 tokens a row), at 256 in 4 pieces of 512,
+    /// and the plan moves by exactly those tapes.
+    #[test]
+    fn the_replay_piece_setting_moves_the_plan_by_the_pieces_tape() {
+        let per_token: u64 = (4096 + 2 * 2560 + 5 * 9728) * 4;
+        let (_, default) = four_b(&["train.dtype=f16"]);
+        for (mib, rows) in [(1024, 2048), (512, 1024), (256, 512)] {
+            let set = format!("train.replay_piece_mib={mib}");
+            let (_, p) = four_b(&["train.dtype=f16", set.as_str()]);
+            let tape = |rows: u64| 2 * rows * per_token;
+            assert_eq!(
+                p.activations_recompute + tape(1024),
+                default.activations_recompute + tape(rows),
+                "{mib} MiB"
+            );
+        }
+        let bad = RunConfig::parse(
+            include_str!("../../configs/qwen3-4b-lora.toml"),
+            &["train.replay_piece_mib=0".to_string()],
+        );
+        assert!(bad.unwrap_err().to_string().contains("replay_piece_mib"));
     }
 
     /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own:

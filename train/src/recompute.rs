@@ -75,13 +75,16 @@ pub(crate) fn query_chunk(b: usize, heads: usize, s: usize, max_scores: usize) -
 /// `checks` (the replays compute the same products again, and are not flagged twice). Where the
 /// replay runs by hand, `keep_attention` keeps each layer's attention output and row sums from
 /// the forward pass for it (memory for a sixth of the step's work); else the replay computes
-/// them again. The gradients are the same bits either way.
+/// them again. The gradients are the same bits either way. Through the tape, at most about
+/// `finish_bytes` of a layer's second half's tape is alive at a time ([`finish_pieces`];
+/// [`FINISH_BUDGET`] by default).
 pub(crate) fn loss_and_grads(
     model: &Qwen3,
     batch: &Batch,
     head: impl FnOnce(Tensor<3>) -> Tensor<1>,
     checks: Option<&ProductChecks>,
     keep_attention: bool,
+    finish_bytes: usize,
 ) -> (f32, GradientsParams) {
     let heads = model
         .model
@@ -106,9 +109,7 @@ pub(crate) fn loss_and_grads(
     let replay = if matches!(core, CoreKind::Tiles) && !taped && replay::applies(model) {
         Replay::ByHand { keep_attention }
     } else {
-        Replay::Taped {
-            finish_bytes: FINISH_BUDGET,
-        }
+        Replay::Taped { finish_bytes }
     };
     loss_and_grads_with(model, batch, head, core, replay, Keep::of(model), checks)
 }
@@ -298,10 +299,10 @@ enum Saved {
     Blocks(RowStats),
 }
 
-/// At most about this many bytes of tape for the second half of a layer's replay (`finish`,
-/// everything after the attention core) at a time: two blocks of scores' worth ([`SCORE_BLOCK`]
-/// f32 values each), 512 MiB. At the 4B (2 x 2048 tokens) the whole is 0.88 GiB, 0.74 of it
-/// intermediate-sized, so it replays in 2 pieces. Each piece more replays the half's kernels
+/// By default (`[train] replay_piece_mib`), at most about this many bytes of tape for the
+/// second half of a layer's replay (`finish`, everything after the attention core) at a time:
+/// two blocks of scores' worth ([`SCORE_BLOCK`] f32 values each), 512 MiB. At the 4B (2 x 2048
+/// tokens) the whole is 0.88 GiB, 0.74 of it intermediate-sized, so it replays in 2 pieces. Each piece more replays the half's kernels
 /// again: on llvmpipe about 94 launches a piece a layer, 31 of them products, most of those the
 /// adapters' small ones (docs/results.md). So the budget trades memory for launches: 256 MiB would
 /// take 4 pieces at the 4B, 0.22 GiB less for three times the launches.

@@ -263,6 +263,15 @@ pub struct TrainSection {
     /// compute.
     #[serde(default)]
     pub recompute: bool,
+    /// With recompute, at most about this many MiB of tape for the second half of a layer's
+    /// replay (everything after the attention core) at a time: the half replays in as few pieces
+    /// of tokens as keep within it (`crate::recompute::finish_pieces`). Each piece more runs the
+    /// half's kernels again (on a GPU about 60 to 90 launches a piece a layer); each piece fewer
+    /// holds more. At the 4B's 2 x 2048 tokens the whole half holds 0.88 GiB: 2 pieces at the
+    /// default 512, one at 1024. Only the launches and the memory change, and the gradients'
+    /// rounding.
+    #[serde(default = "default_replay_piece_mib")]
+    pub replay_piece_mib: usize,
     /// Dynamic loss scaling of the backward pass (`crate::model::f16_safety`): `auto` (on for an f16
     /// base), `dynamic`, `off`.
     #[serde(default)]
@@ -332,6 +341,9 @@ fn default_log_every() -> u64 {
 }
 fn default_shards() -> usize {
     1
+}
+fn default_replay_piece_mib() -> usize {
+    crate::recompute::FINISH_BUDGET >> 20
 }
 
 impl RunConfig {
@@ -406,6 +418,9 @@ impl RunConfig {
         }
         if self.data.max_options < 2 {
             bail!("[data] max_options must be at least 2");
+        }
+        if self.train.replay_piece_mib == 0 {
+            bail!("[train] replay_piece_mib must be at least 1");
         }
         if self.train.shards == 0 || self.train.shards > self.train.batch_size {
             bail!(

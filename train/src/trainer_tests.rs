@@ -1287,7 +1287,14 @@ fn loss_scaling_keeps_gradients_an_f16_base_would_flush_to_zero() {
             lm_weight: 0.0,
         };
         let head = |decoded| training_loss(&model, decoded, &mb, w).mul_scalar(factor);
-        let (_, g) = crate::recompute::loss_and_grads(&model, &batch(), head, None, true);
+        let (_, g) = crate::recompute::loss_and_grads(
+            &model,
+            &batch(),
+            head,
+            None,
+            true,
+            crate::recompute::FINISH_BUDGET,
+        );
         let mut out = Vec::new();
         for layer in 0..2 {
             for p in ["self_attn.q_proj", "mlp.gate_proj"] {
