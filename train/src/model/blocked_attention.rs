@@ -128,7 +128,11 @@ impl Operands {
             Products::Half(dtype) => {
                 // σ only bounds the scores' range: it leaves their values, so no gradient goes
                 // through it
-                let largest = |t: &Tensor<4>| t.clone().detach().square().sum_dim(3).max();
+                let largest = |t: &Tensor<4>| {
+                    let [b, h, s, _] = t.dims();
+                    let norms = t.clone().detach().square().sum_dim(3);
+                    crate::model::reduce::max(norms.reshape([b * h * s]))
+                };
                 let sigma = (largest(q) * largest(k))
                     .sqrt()
                     .mul_scalar(scale / SCORE_PEAK as f64)

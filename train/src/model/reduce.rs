@@ -29,6 +29,16 @@ pub(crate) fn sum(t: Tensor<1>) -> Tensor<1> {
     }
 }
 
+/// The largest element of `t`, `[1]`, in `t`'s dtype: as [`sum`] cuts it. Burn's whole-tensor
+/// maximum reduces every axis in turn, a length-one axis too (a launch for nothing).
+pub(crate) fn max(t: Tensor<1>) -> Tensor<1> {
+    let n = t.dims()[0];
+    match divisor_up_to(n, 4096) {
+        k if k == n => t.max(),
+        k => t.reshape([n / k, k]).max(),
+    }
+}
+
 /// The sum in f32 of every element of `t`, `[1]`, read once: first over runs of up to 64 elements
 /// of its last axis, a thread a run (fused with the cast), then as [`sum`].
 pub(crate) fn sum_all<const D: usize>(t: Tensor<D>) -> Tensor<1> {
@@ -54,7 +64,8 @@ mod tests {
         assert_eq!(divisor_up_to(0, 64), 1);
     }
 
-    /// Every way of cutting a tensor into runs and rows sums what the host sums in f64.
+    /// Every way of cutting a tensor into runs and rows sums what the host sums in f64, and finds
+    /// its largest element.
     #[test]
     fn sums_equal_the_hosts() {
         let device = Device::flex();
@@ -63,15 +74,18 @@ mod tests {
                 .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
                 .collect();
             let want: f64 = data.iter().map(|&x| x as f64).sum();
+            let data_max = data.iter().copied().fold(f32::MIN, f32::max);
             let t = Tensor::<2>::from_data(TensorData::new(data, [rows, cols]), &device);
             let all = sum_all(t.clone()).into_scalar::<f32>() as f64;
-            let flat = sum(t.reshape([rows * cols])).into_scalar::<f32>() as f64;
+            let flat = sum(t.clone().reshape([rows * cols])).into_scalar::<f32>() as f64;
             for got in [all, flat] {
                 assert!(
                     (got - want).abs() < 1e-4,
                     "{rows} x {cols}: {got} vs {want}"
                 );
             }
+            let largest = max(t.reshape([rows * cols])).into_scalar::<f32>();
+            assert_eq!(largest, data_max, "{rows} x {cols}");
         }
     }
 }
