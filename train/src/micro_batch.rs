@@ -51,7 +51,7 @@ impl PassPlan {
             grad_accum: cfg.optim.grad_accum,
             recompute: cfg.train.recompute,
             keep_attention: true,
-            finish_bytes: cfg.train.replay_piece_mib << 20,
+            finish_bytes: cfg.train.replay_piece_bytes(),
             weights,
             loss_scale: 1.0,
             check_products: false,

@@ -361,7 +361,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let (replay_layer, finish_tape, replay_pieces) = if cfg.train.mode == Mode::Lora && !by_hand {
         use crate::recompute::{finish_bytes_per_token, finish_pieces};
         let dims = [h, qd, i].map(|n| n as usize);
-        let budget = cfg.train.replay_piece_mib << 20;
+        let budget = cfg.train.replay_piece_bytes();
         let rows = finish_pieces(b as usize, s as usize, dims, true, budget) as u64;
         let per_token = finish_bytes_per_token(dims) as u64;
         let pieces = s.div_ceil(rows.max(1)) as usize;

@@ -302,10 +302,11 @@ enum Saved {
 /// By default (`[train] replay_piece_mib`), at most about this many bytes of tape for the
 /// second half of a layer's replay (`finish`, everything after the attention core) at a time:
 /// two blocks of scores' worth ([`SCORE_BLOCK`] f32 values each), 512 MiB. At the 4B (2 x 2048
-/// tokens) the whole is 0.88 GiB, 0.74 of it intermediate-sized, so it replays in 2 pieces. Each piece more replays the half's kernels
-/// again: on llvmpipe about 94 launches a piece a layer, 31 of them products, most of those the
-/// adapters' small ones (docs/results.md). So the budget trades memory for launches: 256 MiB would
-/// take 4 pieces at the 4B, 0.22 GiB less for three times the launches.
+/// tokens) the whole is 0.88 GiB, 0.74 of it intermediate-sized, so it replays in 2 pieces.
+/// Each piece more replays the half's kernels again: on llvmpipe about 94 launches a piece a
+/// layer, 31 of them products, most of those the adapters' small ones (docs/results.md). So the
+/// budget trades memory for launches: 256 MiB would take 4 pieces at the 4B, 0.22 GiB less for
+/// three times the launches.
 pub(crate) const FINISH_BUDGET: usize = 2 * SCORE_BLOCK * 4;
 
 /// Bytes of tape per token of a LoRA layer's second half replayed through the tape (hidden

@@ -346,6 +346,13 @@ fn default_replay_piece_mib() -> usize {
     crate::recompute::FINISH_BUDGET >> 20
 }
 
+impl TrainSection {
+    /// `replay_piece_mib` in bytes, as the replay and the memory plan both read it.
+    pub(crate) fn replay_piece_bytes(&self) -> usize {
+        self.replay_piece_mib << 20
+    }
+}
+
 impl RunConfig {
     /// Read `path`, apply the `--set` overrides, check, and resolve relative model folders
     /// against the config file's folder.
