@@ -1262,16 +1262,25 @@ mod tests {
     fn the_replay_piece_setting_moves_the_plan_by_the_pieces_tape() {
         let per_token: u64 = (4096 + 2 * 2560 + 5 * 9728) * 4;
         let (_, default) = four_b(&["train.dtype=f16"]);
+        let tape_of = |rows: u64| 2 * rows * per_token;
         for (mib, rows) in [(1024, 2048), (512, 1024), (256, 512)] {
             let set = format!("train.replay_piece_mib={mib}");
             let (_, p) = four_b(&["train.dtype=f16", set.as_str()]);
-            let tape = |rows: u64| 2 * rows * per_token;
             assert_eq!(
-                p.activations_recompute + tape(1024),
-                default.activations_recompute + tape(rows),
+                p.activations_recompute + tape_of(1024),
+                default.activations_recompute + tape_of(rows),
                 "{mib} MiB"
             );
         }
+        // past what a usize of bytes holds: one piece, as at 1024, not an overflow
+        let (_, whole) = four_b(&[
+            "train.dtype=f16",
+            "train.replay_piece_mib=9223372036854775807",
+        ]);
+        assert_eq!(
+            whole.activations_recompute + tape_of(1024),
+            default.activations_recompute + tape_of(2048)
+        );
         let bad = RunConfig::parse(
             include_str!("../../configs/qwen3-4b-lora.toml"),
             &["train.replay_piece_mib=0".to_string()],

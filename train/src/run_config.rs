@@ -347,9 +347,10 @@ fn default_replay_piece_mib() -> usize {
 }
 
 impl TrainSection {
-    /// `replay_piece_mib` in bytes, as the replay and the memory plan both read it.
+    /// `replay_piece_mib` in bytes, as the replay and the memory plan both read it (a value past
+    /// what a `usize` of bytes holds means the whole half in one piece, as any budget above it).
     pub(crate) fn replay_piece_bytes(&self) -> usize {
-        self.replay_piece_mib << 20
+        self.replay_piece_mib.saturating_mul(1 << 20)
     }
 }
 
