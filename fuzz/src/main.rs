@@ -394,7 +394,9 @@ fn parse_args(args: &[String]) -> Result<(String, Options), String> {
 }
 
 /// Readers warn on stderr (a torn receipts line, say); at thousands of inputs a second that
-/// drowns the report, which goes to stdout. `--verbose` keeps stderr.
+/// drowns the report, which goes to stdout. `--verbose` keeps stderr. Unix only; elsewhere stderr
+/// stays.
+#[cfg(unix)]
 fn silence_stderr() {
     use std::os::fd::AsRawFd;
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
@@ -402,6 +404,9 @@ fn silence_stderr() {
         unsafe { libc::dup2(null.as_raw_fd(), 2) };
     }
 }
+
+#[cfg(not(unix))]
+fn silence_stderr() {}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

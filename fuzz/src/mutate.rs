@@ -196,7 +196,7 @@ fn mutate_once(rng: &mut ChaCha8Rng, data: &mut Vec<u8>, seeds: &[Vec<u8>], kind
         2 => {
             let p = pos(rng, len);
             let k = rng.random_range(1..=16);
-            let bytes: Vec<u8> = (0..k).map(|_| rng.random()).collect();
+            let bytes: Vec<u8> = (0..k).map(|_| rng.random::<u8>()).collect();
             data.splice(p..p, bytes);
         }
         // A range deleted.

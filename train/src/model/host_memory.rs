@@ -51,14 +51,19 @@ pub fn release_freed() -> bool {
     false
 }
 
-/// What the process has resident, in bytes (`/proc/self/statm`'s second field, in pages);
-/// `None` where the system does not say.
+/// What the process has resident, in bytes (Linux's `/proc/self/statm`, its second field in
+/// pages); `None` where the system does not say (macOS and Windows have no `/proc`).
 pub(crate) fn resident() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf only reads a constant of the system.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    Some(pages * page)
+    #[cfg(target_os = "linux")]
+    {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        // SAFETY: sysconf only reads a constant of the system.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        Some(pages * page)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
