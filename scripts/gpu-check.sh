@@ -61,6 +61,25 @@ say() { echo "gpu-check: $*"; }
 steps_in() { local n; n=$(grep -c '"train"' "$1/metrics.jsonl" 2>/dev/null || true); echo "${n:-0}"; }
 # the kernels cubecl's compile log names
 compiled_in() { grep -c '^\[Compiling kernel\]' "$1" || true; }
+# The busiest thread of process $1 since the last call for it, over $3 seconds (10), as "NAME
+# PCT% of a core" (the threads' CPU ticks kept in $2.PID): a step bound by the host's work per
+# launch shows one thread near 100 % while the GPU idles (docs/results.md, "Host work per launch,
+# and what it bounds").
+busiest_thread() {
+    local pid=$1 prev="$2.$1" now="$2.now" hz
+    hz=$(getconf CLK_TCK)
+    [ -n "$pid" ] && [ -d "/proc/$pid/task" ] || { echo "none"; return; }
+    for t in /proc/"$pid"/task/*; do
+        # utime and stime are the 12th and 13th fields after the name's closing parenthesis
+        echo "${t##*/} $(tr ' ' _ < "$t/comm") $(sed 's/.*) //' "$t/stat" | awk '{print $12 + $13}')"
+    done 2>/dev/null > "$now"
+    [ -s "$prev" ] || { mv "$now" "$prev"; echo "(first sample)"; return; }
+    awk -v hz="$hz" -v dt="${3:-10}" 'NR == FNR { seen[$1] = $3; next }
+        { d = $3 - seen[$1]; if (d > best) { best = d; name = $2 } }
+        END { if (name == "") print "idle"; else printf "%s %.0f%% of a core\n", name, 100 * best / hz / dt }' \
+        "$prev" "$now" 2>/dev/null || echo "none"
+    mv "$now" "$prev"
+}
 
 [ -d "$G/skeleton/model-2048" ] && [ -f "$G/decision.xz" ] || {
     say "no $G/skeleton/model-2048 or $G/decision.xz: run \`make gpu-check-prepare\` on the build machine and carry $G"; exit 2; }
@@ -99,8 +118,9 @@ trap keep EXIT
 
 # The 4B step, side by side: the peer first, then ours until the benchmark's deadline. Ours starts
 # here, so a cubecl.toml here has cubecl log each kernel it compiles (ours-compile.log); every 10 s
-# a line of timeline.txt says how many, the GPU's utilisation and memory, and the steps logged, so a
-# run killed at the deadline still says whether it was loading, compiling or stepping.
+# a line of timeline.txt says how many, the GPU's utilisation and memory, the steps logged and ours'
+# busiest thread, so a run killed at the deadline still says whether it was loading, compiling or
+# stepping, and a stepping run whether the host (one thread near 100 %, the GPU idling) bounds it.
 left=$((END - $(date +%s)))
 bench_s=$((left * ${BENCH_SHARE_PCT:-65} / 100))
 say "benchmark: ${bench_s} s of the ${left} s left"
@@ -117,9 +137,11 @@ fi
 (
     t0=$(date +%s)
     while sleep 10; do
+        ours=$(pgrep -n -f -- "${BIN##*/} train" || true)
         echo "$(( $(date +%s) - t0 )) s: kernels compiled $(compiled_in "$OUT/ours-compile.log");" \
             "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | head -1);" \
-            "steps logged $(steps_in "$WORK/scale/ours-2x2048")"
+            "steps logged $(steps_in "$WORK/scale/ours-2x2048");" \
+            "ours' busiest thread $(busiest_thread "$ours" "$WORK/threads")"
     done > "$OUT/timeline.txt"
 ) &
 WATCH=$!
