@@ -61,10 +61,10 @@ say() { echo "gpu-check: $*"; }
 steps_in() { local n; n=$(grep -c '"train"' "$1/metrics.jsonl" 2>/dev/null || true); echo "${n:-0}"; }
 # the kernels cubecl's compile log names
 compiled_in() { grep -c '^\[Compiling kernel\]' "$1" || true; }
-# The busiest thread of process $1 since the last call for it, over $3 seconds (10), as "NAME
-# PCT% of a core" (the threads' CPU ticks kept in $2.PID): a step bound by the host's work per
-# launch shows one thread near 100 % while the GPU idles (docs/results.md, "Host work per launch,
-# and what it bounds").
+# The busiest thread of process $1 since the last call for it, 10 s earlier (the timeline's
+# interval), as "NAME PCT% of a core" (the threads' CPU ticks kept in $2.PID): a step bound by the
+# host's work per launch shows one thread near 100 % while the GPU idles (docs/results.md, "Host
+# work per launch, and what it bounds").
 busiest_thread() {
     local pid=$1 prev="$2.$1" now="$2.now" hz
     hz=$(getconf CLK_TCK)
@@ -74,7 +74,7 @@ busiest_thread() {
         echo "${t##*/} $(tr ' ' _ < "$t/comm") $(sed 's/.*) //' "$t/stat" | awk '{print $12 + $13}')"
     done 2>/dev/null > "$now"
     [ -s "$prev" ] || { mv "$now" "$prev"; echo "(first sample)"; return; }
-    awk -v hz="$hz" -v dt="${3:-10}" 'NR == FNR { seen[$1] = $3; next }
+    awk -v hz="$hz" -v dt=10 'NR == FNR { seen[$1] = $3; next }
         { d = $3 - seen[$1]; if (d > best) { best = d; name = $2 } }
         END { if (name == "") print "idle"; else printf "%s %.0f%% of a core\n", name, 100 * best / hz / dt }' \
         "$prev" "$now" 2>/dev/null || echo "none"
