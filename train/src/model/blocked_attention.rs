@@ -277,6 +277,12 @@ impl Operands {
     }
 }
 
+/// The heads of `q` a key/value head of `k` serves, and the rows' length `s`.
+fn shape((q, k, _): (&Tensor<4>, &Tensor<4>, &Tensor<4>)) -> (usize, usize) {
+    let [_, h, s, _] = q.dims();
+    (h / k.dims()[1], s)
+}
+
 /// One block of query rows, `c0..c0 + rows`, which reads the keys `0..c0 + rows` (the mask is
 /// causal), with its part of the batch's mask as an additive bias, `[b, 1, rows, 1, c0 + rows]`
 /// (0 where a query sees a key, −∞ elsewhere), for the rows as [`rows`] orders them.
@@ -286,10 +292,18 @@ struct Block {
     bias: Tensor<5>,
 }
 
-/// Each block's rows' log-sum-exp of their scaled, masked scores (`[b, kv_heads, rows·groups,
-/// 1]`, ordered as [`rows`] takes them), as [`BlockedCore::forward_saving`] leaves them for
-/// [`BlockedCore::backward`].
-pub(crate) struct RowStats(Vec<Tensor<4>>);
+/// What [`BlockedCore::forward_saving`] leaves for [`BlockedCore::backward`]: each block's rows'
+/// log-sum-exp of their scaled, masked scores (`[b, kv_heads, rows·groups, 1]`, ordered as
+/// [`rows`] takes them), and the products' operands, which the backward reads as they are
+/// instead of building them again: `q`'s rows by key/value head and `v` dense (a copy each), and
+/// on an f16 base also σ (two row norms, two maxima) and three casts. On llvmpipe (f32) that is
+/// two launches a layer fewer in each step; on an f16 base about eight (estimated: llvmpipe's
+/// OpenGL has no f16). The operands then stay alive while the layer's second half replays: at
+/// the 4B (f16) 48 MiB, which the plan already counts beside that half's tape.
+pub(crate) struct RowStats {
+    lse: Vec<Tensor<4>>,
+    ops: Operands,
+}
 
 /// Each block's rows' largest scaled, masked scores (`[b, kv_heads, rows·groups, 1]`), as a
 /// first pass ([`BlockedCore::forward`]) found them: a layer's replay
@@ -349,7 +363,8 @@ impl BlockedCore {
         qkv: (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         scale: f64,
     ) -> (Tensor<4>, RowMax) {
-        let (out, max, _) = self.forward_blocks(qkv, scale, None, false);
+        let ops = self.operands(qkv, scale);
+        let (out, max, _) = self.forward_blocks(&ops, shape(qkv), None, false);
         (out, RowMax(max))
     }
 
@@ -362,23 +377,26 @@ impl BlockedCore {
         scale: f64,
         first: Option<&RowMax>,
     ) -> (Tensor<4>, RowStats) {
-        let (out, _, lse) = self.forward_blocks(qkv, scale, first, true);
-        (out, RowStats(lse))
+        let ops = self.operands(qkv, scale);
+        let (out, _, lse) = self.forward_blocks(&ops, shape(qkv), first, true);
+        (out, RowStats { lse, ops })
+    }
+
+    /// The products' operands of `q` (`[b, heads, s, d]`), `k` and `v` (`[b, kv_heads, s, d]`).
+    fn operands(&self, (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>), scale: f64) -> Operands {
+        let kvh = k.dims()[1];
+        Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products)
     }
 
     /// The output, each block's rows' largest scores (or `first`'s) and, when `saving`, their
     /// log-sum-exp.
     fn forward_blocks(
         &self,
-        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
-        scale: f64,
+        ops: &Operands,
+        (groups, s): (usize, usize),
         first: Option<&RowMax>,
         saving: bool,
     ) -> (Tensor<4>, Vec<Tensor<4>>, Vec<Tensor<4>>) {
-        let [_, h, s, _] = q.dims();
-        let kvh = k.dims()[1];
-        let groups = h / kvh;
-        let ops = Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products);
         if let Some(RowMax(max)) = first {
             assert_eq!(max.len(), self.blocks.len(), "the first pass's blocks");
         }
@@ -420,16 +438,14 @@ impl BlockedCore {
     /// [`Operands`]).
     pub(crate) fn backward(
         &self,
-        (q, k, v): (&Tensor<4>, &Tensor<4>, &Tensor<4>),
         out: &Tensor<4>,
-        RowStats(lse): &RowStats,
+        RowStats { lse, ops }: &RowStats,
         d_out: &Tensor<4>,
-        scale: f64,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        let [b, h, s, d] = q.dims();
-        let kvh = k.dims()[1];
+        let [b, h, s, d] = out.dims();
+        let kvh = ops.k.dims()[1];
         let groups = h / kvh;
-        let ops = Operands::new(&by_rows(q, kvh), k, &dense(v), scale, self.products);
+        let scale = ops.scale;
         let vt = ops.v.clone().swap_dims(2, 3);
         // f32 takes the rows' `rowsum(dO ⊙ O)` (see below), for all rows at once: a block's
         // rows of them cost two launches each
@@ -469,7 +485,7 @@ impl BlockedCore {
                     let delta = delta.as_ref().expect("f32 products take the rows' sums");
                     let delta = rows(delta, groups, c0, c);
                     let ds = (p * (dp - delta)).mul_scalar(scale);
-                    let dq_c = ds.clone().matmul(k.clone().narrow(2, 0, e));
+                    let dq_c = ds.clone().matmul(ops.k.clone().narrow(2, 0, e));
                     (dq_c, ds.swap_dims(2, 3).matmul(qc))
                 }
                 Some(sigma) => {
@@ -570,7 +586,7 @@ mod tests {
                     .max()
                     .into_scalar::<f32>();
                 assert!(diff <= 1e-5, "{kvh} key/value heads, chunk {chunk}: {diff}");
-                let (dq, dk, dv) = core.backward((&q, &k, &v), &got, &stats, &d_out, 0.3);
+                let (dq, dk, dv) = core.backward(&got, &stats, &d_out);
                 for ((name, got), want) in
                     ["dq", "dk", "dv"].iter().zip([dq, dk, dv]).zip(&want_grads)
                 {
@@ -608,7 +624,7 @@ mod tests {
         let run = |q: &Tensor<4>, k: &Tensor<4>, products| {
             let core = BlockedCore::new(&inputs.mask, chunk, products);
             let (out, stats) = core.forward_saving((q, k, &v), scale, None);
-            let (dq, dk, dv) = core.backward((q, k, &v), &out, &stats, &d_out, scale);
+            let (dq, dk, dv) = core.backward(&out, &stats, &d_out);
             [out, dq, dk, dv].map(values)
         };
         let names = ["out", "dq", "dk", "dv"];
