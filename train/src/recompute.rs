@@ -37,7 +37,7 @@ use crate::model::blocked_attention::{BlockedCore, Products, RowMax, RowStats};
 use crate::model::f16_safety::ProductChecks;
 use crate::model::flash;
 use crate::model::qwen3::{
-    Batch, DecoderLayer, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, repeat_kv, whole_multiple_rows,
+    Batch, DecoderLayer, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows,
 };
 use crate::replay;
 
@@ -278,9 +278,7 @@ impl<'a> Core<'a> {
                 let (q, k, v) = qkv;
                 flash::backward(q, k, v, out, saved, d_out, mask, scale as f32)
             }
-            (Core::Blocks(core), Saved::Blocks(stats)) => {
-                core.backward(qkv, out, stats, d_out, scale)
-            }
+            (Core::Blocks(core), Saved::Blocks(stats)) => core.backward(out, stats, d_out),
             _ => unreachable!("the core's backward reads what its own forward pass saved"),
         }
     }
@@ -395,16 +393,23 @@ fn finish_backward(
 /// (`[b, heads, s, d]`), `k` and `v` (`[b, kv_heads, s, d]`) they belong to, as
 /// `Σ q ⊙ dq + Σ k ⊙ dk + Σ v ⊙ dv` would, without its three reductions of whole tensors: Burn
 /// seeds a backward pass with ones of the root's shape, so the root is `q ⊙ dq` plus
-/// `(k ⊙ dk + v ⊙ dv) / groups` repeated over the `groups` query heads of each key/value head,
+/// `(k ⊙ dk + v ⊙ dv) / groups` broadcast over the `groups` query heads of each key/value head,
 /// whose backward adds the `groups` copies of `1 / groups` back up (exactly 1 where `groups` is
-/// a power of two, as in Qwen3-0.6B, -4B and -8B; within an f32 rounding elsewhere).
+/// a power of two, as in Qwen3-0.6B, -4B and -8B; within an f32 rounding elsewhere). Both terms
+/// are laid out `[b, kv_heads, groups, s, d]` for the sum, a broadcast Burn's fusion plans with
+/// the products: repeated to `[b, heads, s, d]` first (`repeat_kv`), the key/value term was a
+/// copy and the sum a launch of its own (llvmpipe: two launches a layer more in each step).
 fn seeding_root(
     (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
     (dq, dk, dv): (Tensor<4>, Tensor<4>, Tensor<4>),
 ) -> Tensor<4> {
-    let groups = q.dims()[1] / k.dims()[1];
+    let [b, h, s, d] = q.dims();
+    let kvh = k.dims()[1];
+    let groups = h / kvh;
     let kv = (k * dk + v * dv).div_scalar(groups as f64);
-    q * dq + repeat_kv(kv, groups)
+    let by_kv = |t: Tensor<4>| t.reshape([b, kvh, groups, s, d]);
+    let root = by_kv(q) * by_kv(dq) + kv.reshape([b, kvh, 1, s, d]);
+    root.reshape([b, h, s, d])
 }
 
 /// [`loss_and_grads`] with the attention core run as `kind` says.
