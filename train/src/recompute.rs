@@ -261,7 +261,7 @@ impl<'a> Core<'a> {
             }
             Core::Blocks(core) => {
                 let (out, stats) = core.forward_saving(qkv, scale, first);
-                (out, Saved::Blocks(stats))
+                (out, Saved::Blocks(Box::new(stats)))
             }
         }
     }
@@ -294,7 +294,7 @@ enum FirstPass {
 /// What the attention core's forward pass in the replay leaves for its backward.
 enum Saved {
     Tiles(flash::Saved),
-    Blocks(RowStats),
+    Blocks(Box<RowStats>),
 }
 
 /// By default (`[train] replay_piece_mib`), at most about this many bytes of tape for the
