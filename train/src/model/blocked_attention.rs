@@ -277,12 +277,6 @@ impl Operands {
     }
 }
 
-/// The heads of `q` a key/value head of `k` serves, and the rows' length `s`.
-fn shape((q, k, _): (&Tensor<4>, &Tensor<4>, &Tensor<4>)) -> (usize, usize) {
-    let [_, h, s, _] = q.dims();
-    (h / k.dims()[1], s)
-}
-
 /// One block of query rows, `c0..c0 + rows`, which reads the keys `0..c0 + rows` (the mask is
 /// causal), with its part of the batch's mask as an additive bias, `[b, 1, rows, 1, c0 + rows]`
 /// (0 where a query sees a key, −∞ elsewhere), for the rows as [`rows`] orders them.
@@ -364,7 +358,7 @@ impl BlockedCore {
         scale: f64,
     ) -> (Tensor<4>, RowMax) {
         let ops = self.operands(qkv, scale);
-        let (out, max, _) = self.forward_blocks(&ops, shape(qkv), None, false);
+        let (out, max, _) = self.forward_blocks(&ops, None, false);
         (out, RowMax(max))
     }
 
@@ -378,7 +372,7 @@ impl BlockedCore {
         first: Option<&RowMax>,
     ) -> (Tensor<4>, RowStats) {
         let ops = self.operands(qkv, scale);
-        let (out, _, lse) = self.forward_blocks(&ops, shape(qkv), first, true);
+        let (out, _, lse) = self.forward_blocks(&ops, first, true);
         (out, RowStats { lse, ops })
     }
 
@@ -393,10 +387,12 @@ impl BlockedCore {
     fn forward_blocks(
         &self,
         ops: &Operands,
-        (groups, s): (usize, usize),
         first: Option<&RowMax>,
         saving: bool,
     ) -> (Tensor<4>, Vec<Tensor<4>>, Vec<Tensor<4>>) {
+        // `q`'s rows by key/value head, `[b, kv_heads, s·groups, d]`, over `k`'s `s`
+        let s = ops.k.dims()[2];
+        let groups = ops.q.dims()[2] / s;
         if let Some(RowMax(max)) = first {
             assert_eq!(max.len(), self.blocks.len(), "the first pass's blocks");
         }
