@@ -124,7 +124,7 @@ fn the_4b_config_plans_the_dtype_the_gpu_runs() {
     let limit_mib: f64 = kernels
         .split("buffers up to ")
         .nth(1)
-        .and_then(|t| t.strip_suffix(" MiB").map(|m| m.parse().unwrap()))
+        .and_then(|t| t.split_once(" MiB").map(|(m, _)| m.parse().unwrap()))
         .unwrap_or(f64::INFINITY);
     let width = if narrowest == "f32" { 4.0 } else { 2.0 };
     let embedding_mib = 151936.0 * 2560.0 * width / (1u64 << 20) as f64;

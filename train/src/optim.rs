@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
@@ -57,11 +57,41 @@ impl Schedule {
     }
 }
 
-/// First and second moments of one parameter, flattened.
+/// The first and second moments of parameters updated together (a chunk of [`Gradients`]), laid
+/// end to end in the chunk's order; `members` names each parameter by path, with its length.
 #[derive(Clone)]
 pub(crate) struct Moments {
-    pub exp_avg: Tensor<1>,
-    pub exp_avg_sq: Tensor<1>,
+    members: Vec<(String, usize)>,
+    exp_avg: Tensor<1>,
+    exp_avg_sq: Tensor<1>,
+}
+
+impl Moments {
+    /// Each member's moments on their own (slices of these).
+    fn split(self) -> Vec<Moments> {
+        if self.members.len() == 1 {
+            return vec![self];
+        }
+        let mut at = 0;
+        self.members
+            .iter()
+            .map(|(path, len)| {
+                let part = Moments {
+                    members: vec![(path.clone(), *len)],
+                    exp_avg: self.exp_avg.clone().narrow(0, at, *len),
+                    exp_avg_sq: self.exp_avg_sq.clone().narrow(0, at, *len),
+                };
+                at += len;
+                part
+            })
+            .collect()
+    }
+
+    fn holds(&self, paths: &[&str]) -> bool {
+        self.members
+            .iter()
+            .any(|(p, _)| paths.contains(&p.as_str()))
+    }
 }
 
 /// The AdamW optimizer state: step count and moments by parameter path.
@@ -70,7 +100,8 @@ pub(crate) struct AdamW {
     pub settings: AdamWSettings,
     /// Number of updates applied so far (`t` in the bias correction).
     pub step: u64,
-    pub moments: HashMap<String, Moments>,
+    /// By chunk of parameters updated together, in no order.
+    moments: Vec<Moments>,
 }
 
 impl AdamW {
@@ -78,39 +109,161 @@ impl AdamW {
         Self {
             settings,
             step: 0,
-            moments: HashMap::new(),
+            moments: Vec::new(),
         }
     }
 
-    /// Apply one update with learning rate `lr`, scaling every gradient by `grad_scale` first
-    /// (the clipping factor from [`clip_factor`]). Returns the updated module.
+    /// The paths of the parameters that have moments, sorted.
+    #[cfg(test)]
+    pub fn paths(&self) -> Vec<&str> {
+        let mut paths: Vec<&str> = self
+            .moments
+            .iter()
+            .flat_map(|m| m.members.iter().map(|(p, _)| p.as_str()))
+            .collect();
+        paths.sort_unstable();
+        paths
+    }
+
+    /// Apply one update with learning rate `lr` to every parameter `grads` holds a gradient for,
+    /// scaling each gradient by `grad_scale` first (the clipping factor from [`clip_factor`]).
+    /// Returns the updated module.
+    ///
+    /// A chunk of [`Gradients`] is updated as one tensor: its parameters laid end to end (a
+    /// concatenation), its moments (kept laid out as the chunk is), and the update's arithmetic,
+    /// all element by element as PyTorch's, so the result is the same to the bit whatever the
+    /// chunks. The updated parameters are slices of the chunk's result (views on a GPU, where a
+    /// parameter's bytes start at the device's alignment). On a GPU that is two launches a chunk
+    /// where a tensor at a time took one a tensor.
     pub fn update<M: Module>(
         &mut self,
         module: M,
-        grads: &mut GradientsParams,
+        grads: Gradients,
         lr: f64,
         grad_scale: f64,
     ) -> M {
         self.step += 1;
-        let mut mapper = UpdateMapper {
-            opt: self,
-            grads,
-            lr,
-            grad_scale,
-            path: Vec::new(),
+        let s = self.settings;
+        let t = self.step as i32;
+        let bc1 = 1.0 - s.beta1.powi(t);
+        let bc2 = 1.0 - s.beta2.powi(t);
+        let mut values = Values {
+            wanted: grads
+                .chunks
+                .iter()
+                .flat_map(|c| c.members.iter().map(|m| m.id))
+                .collect(),
+            found: HashMap::new(),
         };
-        module.map(&mut mapper)
+        module.visit(&mut values);
+        let mut updated = HashMap::new();
+        for chunk in grads.chunks {
+            let p = laid_end_to_end(
+                chunk
+                    .members
+                    .iter()
+                    .map(|m| values.found.remove(&m.id).expect("a gradient's parameter"))
+                    .collect(),
+            );
+            let mut g = chunk.flat;
+            if grad_scale != 1.0 {
+                g = g.mul_scalar(grad_scale);
+            }
+            let (exp_avg, exp_avg_sq) = match self.take_moments(&chunk.members, &g) {
+                Some((m, v)) => (
+                    m.mul_scalar(s.beta1) + g.clone().mul_scalar(1.0 - s.beta1),
+                    v.mul_scalar(s.beta2) + g.square().mul_scalar(1.0 - s.beta2),
+                ),
+                None => (
+                    g.clone().mul_scalar(1.0 - s.beta1),
+                    g.square().mul_scalar(1.0 - s.beta2),
+                ),
+            };
+            let denom = exp_avg_sq.clone().div_scalar(bc2).sqrt().add_scalar(s.eps);
+            let step = exp_avg.clone().div_scalar(bc1).div(denom).mul_scalar(lr);
+            let decayed = if chunk.decays && s.weight_decay != 0.0 {
+                p.mul_scalar(1.0 - lr * s.weight_decay)
+            } else {
+                p
+            };
+            let p = decayed - step;
+            let alone = chunk.members.len() == 1;
+            let mut at = 0;
+            for m in &chunk.members {
+                let part = if alone {
+                    p.clone()
+                } else {
+                    p.clone().narrow(0, at, m.len)
+                };
+                updated.insert(m.id, part);
+                at += m.len;
+            }
+            self.moments.push(Moments {
+                members: chunk.members.into_iter().map(|m| (m.path, m.len)).collect(),
+                exp_avg,
+                exp_avg_sq,
+            });
+        }
+        module.map(&mut Replace { updated })
+    }
+
+    /// The moments of `members`, laid end to end in their order: the chunk stored as it is
+    /// where the last update had the same members, else gathered from the chunks that hold them
+    /// (after a resume, which restores moments a parameter at a time, or where the chunks
+    /// changed), zeros for a member without any. `None` where no member has moments yet (the
+    /// first update). `g`: the chunk's gradients, for the zeros' dtype and device.
+    fn take_moments(
+        &mut self,
+        members: &[Member],
+        g: &Tensor<1>,
+    ) -> Option<(Tensor<1>, Tensor<1>)> {
+        let same = |m: &Moments| {
+            m.members
+                .iter()
+                .map(|(p, _)| p.as_str())
+                .eq(members.iter().map(|m| m.path.as_str()))
+        };
+        if let Some(i) = self.moments.iter().position(same) {
+            let m = self.moments.swap_remove(i);
+            return Some((m.exp_avg, m.exp_avg_sq));
+        }
+        let paths: Vec<&str> = members.iter().map(|m| m.path.as_str()).collect();
+        let (holding, others): (Vec<Moments>, Vec<Moments>) = std::mem::take(&mut self.moments)
+            .into_iter()
+            .partition(|m| m.holds(&paths));
+        self.moments = others;
+        if holding.is_empty() {
+            return None;
+        }
+        let mut own = HashMap::new();
+        for part in holding.into_iter().flat_map(Moments::split) {
+            if part.holds(&paths) {
+                own.insert(part.members[0].0.clone(), (part.exp_avg, part.exp_avg_sq));
+            } else {
+                self.moments.push(part);
+            }
+        }
+        let mut at = 0;
+        let (m, v): (Vec<Tensor<1>>, Vec<Tensor<1>>) = members
+            .iter()
+            .map(|member| {
+                let found = own.remove(&member.path).unwrap_or_else(|| {
+                    let zeros = g.clone().narrow(0, at, member.len).zeros_like();
+                    (zeros.clone(), zeros)
+                });
+                at += member.len;
+                found
+            })
+            .unzip();
+        Some((laid_end_to_end(m), laid_end_to_end(v)))
     }
 
     /// Moments as named host tensors (`<path>.exp_avg`, `<path>.exp_avg_sq`), all at once.
     #[cfg(test)]
     pub fn export(&self) -> std::collections::BTreeMap<String, Vec<f32>> {
-        let mut out = std::collections::BTreeMap::new();
-        for (path, m) in &self.moments {
-            out.insert(format!("{path}.exp_avg"), to_vec(&m.exp_avg));
-            out.insert(format!("{path}.exp_avg_sq"), to_vec(&m.exp_avg_sq));
-        }
-        out
+        self.named_moments()
+            .map(|(name, t)| (name, to_vec(&t)))
+            .collect()
     }
 
     /// Names (`<path>.exp_avg`, `<path>.exp_avg_sq`) and shapes of the moments, in the order
@@ -128,24 +281,39 @@ impl AdamW {
             .map(|(name, t)| crate::model::weights::HfTensor {
                 name,
                 shape: t.dims().to_vec(),
-                data: to_vec(t),
+                data: to_vec(&t),
             })
     }
 
-    fn named_moments(&self) -> impl Iterator<Item = (String, &Tensor<1>)> + '_ {
-        let mut paths: Vec<&String> = self.moments.keys().collect();
-        paths.sort();
-        paths.into_iter().flat_map(move |p| {
-            let m = &self.moments[p];
+    /// Every parameter's two moments, by path in order (a member's slice of its chunk's).
+    fn named_moments(&self) -> impl Iterator<Item = (String, Tensor<1>)> + '_ {
+        let mut parts: Vec<(&str, &Moments, usize, usize)> = Vec::new();
+        for m in &self.moments {
+            let mut at = 0;
+            for (path, len) in &m.members {
+                parts.push((path, m, at, *len));
+                at += len;
+            }
+        }
+        parts.sort_unstable_by_key(|(path, ..)| *path);
+        parts.into_iter().flat_map(|(path, m, at, len)| {
+            let part = |t: &Tensor<1>| {
+                if m.members.len() == 1 {
+                    t.clone()
+                } else {
+                    t.clone().narrow(0, at, len)
+                }
+            };
             [
-                (format!("{p}.exp_avg"), &m.exp_avg),
-                (format!("{p}.exp_avg_sq"), &m.exp_avg_sq),
+                (format!("{path}.exp_avg"), part(&m.exp_avg)),
+                (format!("{path}.exp_avg_sq"), part(&m.exp_avg_sq)),
             ]
         })
     }
 
     /// Restore moments written by [`AdamW::export`] or [`AdamW::moment_tensors`], each moved to
-    /// the device as it arrives.
+    /// the device as it arrives (a parameter at a time; the next update lays them out in its
+    /// chunks).
     pub fn import(
         settings: AdamWSettings,
         step: u64,
@@ -165,17 +333,19 @@ impl AdamW {
                 anyhow::bail!("optimizer state: unexpected tensor `{name}`");
             }
         }
-        let mut out = HashMap::new();
+        let mut out = Vec::new();
         for (path, (m, v)) in moments {
             match (m, v) {
-                (Some(exp_avg), Some(exp_avg_sq)) => {
-                    out.insert(
-                        path,
-                        Moments {
-                            exp_avg,
-                            exp_avg_sq,
-                        },
-                    );
+                (Some(exp_avg), Some(exp_avg_sq)) if exp_avg.dims() == exp_avg_sq.dims() => {
+                    let len = exp_avg.dims()[0];
+                    out.push(Moments {
+                        members: vec![(path, len)],
+                        exp_avg,
+                        exp_avg_sq,
+                    });
+                }
+                (Some(_), Some(_)) => {
+                    anyhow::bail!("optimizer state: the two moments of `{path}` differ in length")
                 }
                 _ => anyhow::bail!("optimizer state: `{path}` lacks one of its two moments"),
             }
@@ -195,168 +365,195 @@ fn to_vec(t: &Tensor<1>) -> Vec<f32> {
         .expect("f32 tensor data")
 }
 
-struct UpdateMapper<'a> {
-    opt: &'a mut AdamW,
-    grads: &'a mut GradientsParams,
-    lr: f64,
-    grad_scale: f64,
-    path: Vec<String>,
+/// `parts` as one tensor: the part itself where there is one, else their concatenation.
+fn laid_end_to_end(parts: Vec<Tensor<1>>) -> Tensor<1> {
+    if parts.len() == 1 {
+        parts.into_iter().next().expect("one part")
+    } else {
+        Tensor::cat(parts, 0)
+    }
 }
 
-impl ModuleMapper for UpdateMapper<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
+/// The flat values of the parameters in `wanted`, without the autodiff graph.
+struct Values {
+    wanted: std::collections::HashSet<ParamId>,
+    found: HashMap<ParamId, Tensor<1>>,
+}
 
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let (id, tensor, mapper) = param.consume();
-        let Some(grad) = self.grads.remove::<D>(id) else {
-            return Param::from_mapped_value(id, tensor, mapper);
-        };
-        let s = self.opt.settings;
-        let t = self.opt.step as i32;
-        let path = self.path.join(".");
-        let require_grad = tensor.is_require_grad();
-        let shape = tensor.shape();
-        let n = shape.num_elements();
-        let p = tensor.inner().reshape([n]);
-        let mut g = grad.inner().reshape([n]);
-        if self.grad_scale != 1.0 {
-            g = g.mul_scalar(self.grad_scale);
+impl ModuleVisitor for Values {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.wanted.contains(&param.id) {
+            let v = param.val().inner();
+            let n = v.shape().num_elements();
+            self.found.insert(param.id, v.reshape([n]));
         }
-        let moments = match self.opt.moments.remove(&path) {
-            Some(m) => Moments {
-                exp_avg: m.exp_avg.mul_scalar(s.beta1) + g.clone().mul_scalar(1.0 - s.beta1),
-                exp_avg_sq: m.exp_avg_sq.mul_scalar(s.beta2) + g.square().mul_scalar(1.0 - s.beta2),
-            },
-            None => Moments {
-                exp_avg: g.clone().mul_scalar(1.0 - s.beta1),
-                exp_avg_sq: g.square().mul_scalar(1.0 - s.beta2),
-            },
+    }
+}
+
+/// Puts each updated value in its parameter's place, in its shape, trainable as it was.
+struct Replace {
+    updated: HashMap<ParamId, Tensor<1>>,
+}
+
+impl ModuleMapper for Replace {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(value) = self.updated.remove(&param.id) else {
+            return param;
         };
-        let bc1 = 1.0 - s.beta1.powi(t);
-        let bc2 = 1.0 - s.beta2.powi(t);
-        let denom = moments
-            .exp_avg_sq
-            .clone()
-            .div_scalar(bc2)
-            .sqrt()
-            .add_scalar(s.eps);
-        let step = moments
-            .exp_avg
-            .clone()
-            .div_scalar(bc1)
-            .div(denom)
-            .mul_scalar(self.lr);
-        let decayed = if D >= 2 && s.weight_decay != 0.0 {
-            p.mul_scalar(1.0 - self.lr * s.weight_decay)
-        } else {
-            p
-        };
-        let updated = (decayed - step).reshape(shape);
-        self.opt.moments.insert(path, moments);
-        let mut updated = Tensor::from_inner(updated);
-        if require_grad {
+        let (id, tensor, mapper) = param.consume();
+        let mut updated = Tensor::from_inner(value.reshape(tensor.shape()));
+        if tensor.is_require_grad() {
             updated = updated.require_grad();
         }
         Param::from_mapped_value(id, updated, mapper)
     }
 }
 
-/// The global L2 norm of all gradients held for `module`'s parameters, in f32.
-///
-/// The gradients are laid end to end in chunks (see [`NormChunks`]) and each chunk's squares are
-/// summed in f32 ([`reduce::sum`]: in rows, and then over them). On a GPU Burn's fusion
-/// concatenates and squares a chunk in one launch, and the sum takes one or two more, where a sum
-/// per tensor took three (a square, and a sum over each of its two axes). On llvmpipe the norm
-/// and the update of an 8-layer LoRA step's 112 adapter tensors took 460 launches and take 156.
-/// On the CPU there are no launches to save and a concatenation is a copy, a full fine-tune's
-/// every gradient, so each tensor is a chunk of its own.
-pub(crate) fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
-    let on_cpu = module
-        .devices()
-        .first()
-        .is_some_and(|d| *d == burn::tensor::Device::flex());
-    let limits = if on_cpu {
-        NormChunks {
-            tensors: 1,
-            ..NormChunks::DEFAULT
-        }
-    } else {
-        NormChunks::DEFAULT
-    };
-    grad_norm_in(module, grads, limits)
+/// A module's gradients, taken out of Burn's `GradientsParams` and laid end to end in chunks
+/// (see [`Chunks`]): what the global norm ([`Gradients::norm`]) and AdamW ([`AdamW::update`])
+/// read, a chunk as one tensor. On a GPU Burn's fusion concatenates a chunk in one launch, its
+/// norm takes one or two more, and its update two (the parameters' concatenation, the
+/// arithmetic), where a tensor at a time took three for the norm (a square, and a sum over each
+/// of its two axes) and one for the update. On the CPU each tensor is a chunk of its own.
+pub(crate) struct Gradients {
+    chunks: Vec<Chunk>,
 }
 
-/// How [`global_grad_norm`] groups the gradients.
-#[derive(Clone, Copy)]
-struct NormChunks {
-    /// Tensors a chunk concatenates: 6 inputs and the output fit the 8 storage buffers a kernel
-    /// may bind on every WebGPU adapter (its default limit), so one fused kernel writes them on
-    /// any GPU; more would fall back to a copy per tensor where the adapter binds fewer.
+struct Chunk {
+    members: Vec<Member>,
+    /// The members' gradients end to end (a member's own, flattened, where it is alone).
+    flat: Tensor<1>,
+    /// Whether AdamW's weight decay applies: parameters of rank ≥ 2.
+    decays: bool,
+}
+
+struct Member {
+    id: ParamId,
+    path: String,
+    len: usize,
+}
+
+impl Gradients {
+    /// Take every gradient `grads` holds for `module`'s parameters, in the module's order, in
+    /// chunks sized for its device.
+    pub fn take<M: Module>(module: &M, grads: &mut GradientsParams) -> Self {
+        let bindings = module
+            .devices()
+            .first()
+            .and_then(|d| crate::model::backend::max_bindings(&d.clone().inner()));
+        Self::take_in(module, grads, Chunks::for_bindings(bindings))
+    }
+
+    fn take_in<M: Module>(module: &M, grads: &mut GradientsParams, limits: Chunks) -> Self {
+        struct Gather<'a> {
+            grads: &'a mut GradientsParams,
+            limits: Chunks,
+            path: Vec<String>,
+            /// Per chunk: its elements, members, gradients and whether it decays.
+            open: Vec<(usize, Vec<Member>, Vec<Tensor<1>>, bool)>,
+        }
+        impl ModuleVisitor for Gather<'_> {
+            fn enter_module(&mut self, name: &str, _container_type: &str) {
+                self.path.push(name.to_string());
+            }
+            fn exit_module(&mut self, _name: &str, _container_type: &str) {
+                self.path.pop();
+            }
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let Some(g) = self.grads.remove::<D>(param.id) else {
+                    return;
+                };
+                let n = g.shape().num_elements();
+                let g = g.inner().reshape([n]);
+                let member = Member {
+                    id: param.id,
+                    path: self.path.join("."),
+                    len: n,
+                };
+                let decays = D >= 2;
+                let Chunks { tensors, elements } = self.limits;
+                match self.open.last_mut() {
+                    Some((len, members, parts, d))
+                        if members.len() < tensors
+                            && *len + n <= elements
+                            && *d == decays
+                            && parts[0].dtype() == g.dtype() =>
+                    {
+                        *len += n;
+                        members.push(member);
+                        parts.push(g);
+                    }
+                    _ => self.open.push((n, vec![member], vec![g], decays)),
+                }
+            }
+        }
+        let mut gather = Gather {
+            grads,
+            limits,
+            path: Vec::new(),
+            open: Vec::new(),
+        };
+        module.visit(&mut gather);
+        let chunks = gather
+            .open
+            .into_iter()
+            .map(|(_, members, parts, decays)| Chunk {
+                members,
+                flat: laid_end_to_end(parts),
+                decays,
+            })
+            .collect();
+        Self { chunks }
+    }
+
+    /// The global L2 norm of the gradients, in f32: each chunk's squares summed in f32
+    /// ([`reduce::sum`]: in rows, and then over them), every chunk's sum queued before the
+    /// first addition so that the additions fuse, then one read.
+    pub fn norm(&self) -> f64 {
+        let sums: Vec<Tensor<1>> = self
+            .chunks
+            .iter()
+            .map(|c| reduce::sum(c.flat.clone().cast(burn::tensor::DType::F32).square()))
+            .collect();
+        match sums.into_iter().reduce(|a, b| a + b) {
+            Some(s) => (s.into_scalar::<f32>() as f64).sqrt(),
+            None => 0.0,
+        }
+    }
+}
+
+/// How [`Gradients`] groups the gradients: consecutive tensors of one dtype, all decayed or
+/// none, up to these limits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Chunks {
+    /// Tensors a chunk concatenates.
     tensors: usize,
     /// Elements a chunk holds, which bounds the copy (64 MiB of f32); a larger tensor is a chunk
     /// of its own and is not copied.
     elements: usize,
 }
 
-impl NormChunks {
-    const DEFAULT: Self = Self {
-        tensors: 6,
-        elements: 16 << 20,
-    };
-}
+impl Chunks {
+    /// The most tensors a chunk concatenates on any device: as many as Metal's kernels take (they
+    /// bind 28). NVIDIA's Vulkan binds thousands, untried in one kernel.
+    const MOST: usize = 26;
 
-fn grad_norm_in<M: Module>(module: &M, grads: &GradientsParams, limits: NormChunks) -> f64 {
-    struct Flat<'a> {
-        grads: &'a GradientsParams,
-        limits: NormChunks,
-        chunks: Vec<(usize, Vec<Tensor<1>>)>,
-    }
-    impl ModuleVisitor for Flat<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let Some(g) = self.grads.get::<D>(param.id) else {
-                return;
-            };
-            let n = g.shape().num_elements();
-            let g = g.inner().reshape([n]);
-            let NormChunks { tensors, elements } = self.limits;
-            match self.chunks.last_mut() {
-                Some((len, chunk))
-                    if chunk.len() < tensors
-                        && *len + n <= elements
-                        && chunk[0].dtype() == g.dtype() =>
-                {
-                    *len += n;
-                    chunk.push(g);
-                }
-                _ => self.chunks.push((n, vec![g])),
-            }
-        }
-    }
-    let mut v = Flat {
-        grads,
-        limits,
-        chunks: Vec::new(),
-    };
-    module.visit(&mut v);
-    let sums = v.chunks.into_iter().map(|(_, chunk)| {
-        let flat = if chunk.len() == 1 {
-            chunk.into_iter().next().expect("a chunk holds a tensor")
-        } else {
-            Tensor::cat(chunk, 0)
+    /// For a device whose kernels bind `bindings` buffers (`None`: the CPU backend). Burn's
+    /// fusion counts a concatenation of n tensors as n + 2 bindings (the result and the
+    /// kernel's metadata) and writes it in one kernel only where they fit, else a launch per
+    /// tensor; so n = `bindings` - 2, no more than [`Chunks::MOST`]. (The update counts 8
+    /// whatever the chunk: the values, gradients and two moments, their three results and the
+    /// metadata.) On the CPU there are no launches to save and a concatenation is a copy: a
+    /// tensor a chunk.
+    fn for_bindings(bindings: Option<u32>) -> Self {
+        let tensors = match bindings {
+            None => 1,
+            Some(n) => (n as usize).saturating_sub(2).clamp(1, Self::MOST),
         };
-        reduce::sum(flat.cast(burn::tensor::DType::F32).square())
-    });
-    // Every chunk's sum is queued before the first addition, so that the additions fuse.
-    let sums: Vec<Tensor<1>> = sums.collect();
-    match sums.into_iter().reduce(|a, b| a + b) {
-        Some(s) => (s.into_scalar::<f32>() as f64).sqrt(),
-        None => 0.0,
+        Self {
+            tensors,
+            elements: 16 << 20,
+        }
     }
 }
 
@@ -441,7 +638,8 @@ mod tests {
         for _ in 0..2 {
             let y = x.clone().matmul(model.w.val()) + model.b.val().unsqueeze::<2>();
             let mut grads = GradientsParams::from_grads(y.sum().backward(), &model);
-            model = opt.update(model, &mut grads, lr, 1.0);
+            let grads = Gradients::take(&model, &mut grads);
+            model = opt.update(model, grads, lr, 1.0);
             for (i, row) in w.iter_mut().enumerate() {
                 let g = [1.0, 2.0][i];
                 for wij in row.iter_mut() {
@@ -463,7 +661,7 @@ mod tests {
             assert!((*g as f64 - e).abs() < 1e-6, "b {g} vs {e}");
         }
         assert_eq!(opt.step, 2);
-        assert!(opt.moments.contains_key("w") && opt.moments.contains_key("b"));
+        assert_eq!(opt.paths(), ["b", "w"]);
         // parameters stay trainable after the update
         assert!(model.w.val().is_require_grad());
     }
@@ -517,14 +715,15 @@ mod tests {
                 model.b.id,
                 Tensor::<1>::from_data(TensorData::new(floats(&g["b"]), [4]), &inner),
             );
-            let norm = global_grad_norm(&model, &grads);
+            let grads = Gradients::take(&model, &mut grads);
+            let norm = grads.norm();
             let want_norm = f["norms"][i].as_f64().unwrap();
             assert!(
                 (norm - want_norm).abs() < 1e-4 * want_norm,
                 "norm {norm} vs {want_norm}"
             );
             let lr = f["lrs"][i].as_f64().unwrap();
-            model = opt.update(model, &mut grads, lr, clip_factor(norm, clip));
+            model = opt.update(model, grads, lr, clip_factor(norm, clip));
         }
         let w = model.w.val().into_data().try_to_vec::<f32>().unwrap();
         let b = model.b.val().into_data().try_to_vec::<f32>().unwrap();
@@ -575,14 +774,10 @@ mod tests {
         last: Param<Tensor<1>>,
     }
 
-    /// The norm over chunks of every size equals the one summed on the host in f64, whichever way
-    /// the tensors are grouped: by count, by elements, a tensor larger than a chunk alone, and an
-    /// f16 gradient, which starts a chunk of its own and is squared in f32; chunks reduced in one
-    /// axis and in two.
-    #[test]
-    fn grad_norm_over_chunks_equals_the_hosts() {
+    /// 13 matrices (the eighth 61 x 100, the others a few elements), an f16 vector and an f32
+    /// one, all trainable.
+    fn many(device: &Device) -> Many {
         use burn::tensor::DType;
-        let device = Device::flex().autodiff();
         let value = |i: usize, j: usize| ((i * 7 + j * 3) % 11) as f32 * 0.25 - 1.2;
         let ws: Vec<Param<Tensor<2>>> = (0..13)
             .map(|i| {
@@ -593,31 +788,47 @@ mod tests {
                     [1 + i % 3, 2 + i % 5]
                 };
                 let data: Vec<f32> = (0..r * c).map(|j| value(i, j)).collect();
-                let t = Tensor::<2>::from_data(TensorData::new(data, [r, c]), &device);
+                let t = Tensor::<2>::from_data(TensorData::new(data, [r, c]), device);
                 Param::from_tensor(t.require_grad())
             })
             .collect();
         let vector = |n: usize, k: usize, dtype: DType| {
             let data: Vec<f32> = (0..n).map(|j| value(k, j)).collect();
-            let t = Tensor::<1>::from_data(TensorData::new(data, [n]), &device).cast(dtype);
+            let t = Tensor::<1>::from_data(TensorData::new(data, [n]), device).cast(dtype);
             Param::from_tensor(t.require_grad())
         };
-        let model = Many {
+        Many {
             ws,
             half: vector(9, 20, DType::F16),
             last: vector(5, 21, DType::F32),
-        };
-        // loss = Σ w² / 2 over every tensor: each gradient is the tensor itself.
-        let mut loss =
-            model.half.val().cast(DType::F32).square().sum() + model.last.val().square().sum();
-        for w in &model.ws {
-            loss = loss + w.val().square().sum();
         }
-        let grads = GradientsParams::from_grads(loss.mul_scalar(0.5).backward(), &model);
+    }
+
+    /// `Σ w³ / 3` over every tensor: each gradient is the tensor squared.
+    fn cubes(model: &Many) -> GradientsParams {
+        use burn::tensor::DType;
+        let cube = |t: Tensor<1>| t.clone().square().mul(t).sum();
+        let mut loss = cube(model.half.val().cast(DType::F32)) + cube(model.last.val());
+        for w in &model.ws {
+            let n = w.shape().num_elements();
+            loss = loss + cube(w.val().reshape([n]));
+        }
+        GradientsParams::from_grads(loss.div_scalar(3.0).backward(), model)
+    }
+
+    /// The norm over chunks of every size equals the one summed on the host in f64, whichever way
+    /// the tensors are grouped: by count, by elements, a tensor larger than a chunk alone, and an
+    /// f16 gradient, which starts a chunk of its own and is squared in f32; chunks reduced in one
+    /// axis and in two.
+    #[test]
+    fn grad_norm_over_chunks_equals_the_hosts() {
+        use burn::tensor::DType;
+        let device = Device::flex().autodiff();
+        let model = many(&device);
         let mut want = 0.0f64;
         let mut add = |t: Tensor<1>| {
             let v = t.cast(DType::F32).into_data().convert::<f64>();
-            want += v.iter::<f64>().map(|x| x * x).sum::<f64>();
+            want += v.iter::<f64>().map(|x| x * x * x * x).sum::<f64>();
         };
         for w in &model.ws {
             let n = w.shape().num_elements();
@@ -627,13 +838,92 @@ mod tests {
         add(model.last.val());
         let want = want.sqrt();
         for (tensors, elements) in [(6, 16 << 20), (4, 1 << 20), (100, 12), (1, 1), (3, 0)] {
-            let got = grad_norm_in(&model, &grads, NormChunks { tensors, elements });
+            let grads =
+                Gradients::take_in(&model, &mut cubes(&model), Chunks { tensors, elements });
+            let got = grads.norm();
             assert!(
                 (got - want).abs() < 1e-6 * want,
                 "{tensors} tensors, {elements} elements a chunk: {got} vs {want}"
             );
         }
-        assert!((global_grad_norm(&model, &grads) - want).abs() < 1e-6 * want);
+        let got = Gradients::take(&model, &mut cubes(&model)).norm();
+        assert!((got - want).abs() < 1e-6 * want);
+    }
+
+    /// A chunk takes as many tensors as a kernel binds, less its result and metadata: 13 on
+    /// llvmpipe's OpenGL (15 bound), 26 through Metal (28), no more than 26 through NVIDIA's
+    /// Vulkan; one on the CPU.
+    #[test]
+    fn chunks_fit_the_devices_bindings() {
+        let tensors = |b| Chunks::for_bindings(b).tensors;
+        assert_eq!(
+            [
+                None,
+                Some(0),
+                Some(3),
+                Some(7),
+                Some(15),
+                Some(28),
+                Some(1 << 20)
+            ]
+            .map(tensors),
+            [1, 1, 1, 5, 13, 26, 26]
+        );
+    }
+
+    /// AdamW's updates and moments are the same to the bit however the gradients are chunked,
+    /// whether the chunks change from step to step, and across a resume (moments exported and
+    /// imported a parameter at a time) into other chunks; a parameter whose first gradient comes
+    /// at the second step joins a chunk whose other members have moments. The reference takes
+    /// a tensor at a time, as the update did before it took chunks.
+    #[test]
+    fn adamw_is_the_same_whatever_the_chunks() {
+        let run = |chunks: &[(usize, usize)], resume_after: Option<usize>| {
+            let device = Device::flex().autodiff();
+            let mut model = many(&device);
+            let mut opt = AdamW::new(AdamWSettings {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.1,
+            });
+            for (step, &(tensors, elements)) in chunks.iter().enumerate() {
+                let mut grads = cubes(&model);
+                // the f16 vector is left alone (its moments would come back in f32 on a resume)
+                grads.remove::<1>(model.half.id);
+                if step == 0 {
+                    grads.remove::<1>(model.last.id);
+                }
+                let grads = Gradients::take_in(&model, &mut grads, Chunks { tensors, elements });
+                model = opt.update(model, grads, 0.05, 0.7);
+                if resume_after == Some(step) {
+                    let moments = opt.export().into_iter().map(Ok);
+                    opt = AdamW::import(opt.settings, opt.step, moments, &Device::flex()).unwrap();
+                }
+            }
+            let mut values: Vec<Vec<f32>> = model
+                .ws
+                .iter()
+                .map(|w| w.val().into_data().try_to_vec::<f32>().unwrap())
+                .collect();
+            values.push(model.last.val().into_data().try_to_vec::<f32>().unwrap());
+            (values, opt.export())
+        };
+        let (want, moments) = run(&[(1, 1); 3], None);
+        assert_eq!(moments.len(), 2 * 14, "{:?}", moments.keys());
+        for (chunks, resume_after) in [
+            ([(6, 16 << 20); 3], None),
+            ([(6, 16 << 20), (4, 40), (100, 12)], None),
+            ([(100, 1 << 20), (100, 1 << 20), (3, 0)], Some(0)),
+            ([(2, 1 << 20), (5, 7000), (100, 1 << 20)], Some(1)),
+        ] {
+            let (got, got_moments) = run(&chunks, resume_after);
+            assert!(got == want, "{chunks:?}, resumed after {resume_after:?}");
+            assert!(
+                got_moments == moments,
+                "{chunks:?}, resumed after {resume_after:?}"
+            );
+        }
     }
 
     #[test]
@@ -644,7 +934,8 @@ mod tests {
         let y = x.matmul(model.w.val()) + model.b.val().unsqueeze::<2>();
         let mut grads = GradientsParams::from_grads(y.sum().backward(), &model);
         // grads: W = [[1,1],[2,2]], b = [1,1] -> norm² = 1+1+4+4+1+1 = 12
-        let n = global_grad_norm(&model, &grads);
+        let grads = Gradients::take(&model, &mut grads);
+        let n = grads.norm();
         assert!((n - 12f64.sqrt()).abs() < 1e-6);
         let mut opt = AdamW::new(AdamWSettings {
             beta1: 0.9,
@@ -652,7 +943,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.0,
         });
-        let _ = opt.update(model, &mut grads, 0.01, clip_factor(n, 1.0));
+        let _ = opt.update(model, grads, 0.01, clip_factor(n, 1.0));
         let exported = opt.export();
         assert_eq!(exported.len(), 4);
         // clipped gradient of b is 1/√12 per element; exp_avg = 0.1 · that

@@ -66,7 +66,7 @@ use crate::model::f16_safety::F16Overflow;
 use crate::model::lora::{self, LoraSpec};
 use crate::model::peft::PeftAdapter;
 use crate::model::qwen3::Qwen3;
-use crate::optim::{AdamW, AdamWSettings, Schedule, clip_factor, global_grad_norm};
+use crate::optim::{AdamW, AdamWSettings, Gradients, Schedule, clip_factor};
 use crate::plan::gib;
 use crate::run_config::{Init, Mode, RunConfig};
 use decision_prompt::spec::{DecisionSpec, PromptTemplate};
@@ -567,10 +567,10 @@ impl<'a> Trainer<'a> {
                 self.clock.window_tokens += out.tokens;
             }
         }
-        let mut grads = acc.grads();
+        let grads = Gradients::take(&self.model, &mut acc.grads());
         // The gradients carry the loss scale: their norm (one read from the device) says whether
         // they are finite, and divided by the scale it is the true norm.
-        let scaled_norm = global_grad_norm(&self.model, &grads);
+        let scaled_norm = grads.norm();
         let grad_norm = scaled_norm / scale as f64;
         let lr = self.schedule.lr(self.state.step);
         let apply = match &mut self.state.loss_scale {
@@ -593,7 +593,7 @@ impl<'a> Trainer<'a> {
             let model = std::mem::replace(&mut self.model, self.dm.model.clone());
             self.model = self.opt.update(
                 model,
-                &mut grads,
+                grads,
                 lr,
                 clip_factor(grad_norm, cfg.optim.clip) / scale as f64,
             );

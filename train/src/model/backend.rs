@@ -119,6 +119,8 @@ pub struct AdapterSummary {
     /// The largest single buffer the runtime allocates (the adapter's storage-buffer binding
     /// limit, or its largest buffer if smaller): every tensor must fit one.
     pub largest_buffer: Option<u64>,
+    /// The most buffers one kernel binds ([`max_bindings`]).
+    pub max_bindings: Option<u32>,
 }
 
 /// Names of software rasterisers (lowercase), for drivers that do not report device type `Cpu`;
@@ -193,6 +195,9 @@ impl AdapterSummary {
         if let Some(bytes) = self.largest_buffer {
             kernels += &format!("; buffers up to {}", crate::plan::size(bytes));
         }
+        if let Some(n) = self.max_bindings {
+            kernels += &format!(", {n} bound a kernel");
+        }
         let mut lines = vec![
             format!("wgpu adapter: {}", self.describe()),
             kernels,
@@ -212,6 +217,7 @@ impl AdapterSummary {
     fn from_info(i: &burn::tensor::wgpu::wgpu::AdapterInfo, device: &Device) -> Self {
         let (compiler, cooperative_matrix, memory) = runtime_facts(device);
         let largest_buffer = largest_buffer(device);
+        let max_bindings = max_bindings(device);
         AdapterSummary {
             name: i.name.clone(),
             device_type: format!("{:?}", i.device_type),
@@ -223,6 +229,7 @@ impl AdapterSummary {
             cooperative_matrix,
             memory,
             largest_buffer,
+            max_bindings,
         }
     }
 }
@@ -299,6 +306,19 @@ pub fn largest_buffer(device: &Device) -> Option<u64> {
     match device.as_dispatch() {
         burn::backend::DispatchDevice::Cube(cube) => {
             Some(cube.client().properties().memory.max_page_size)
+        }
+        _ => None,
+    }
+}
+
+/// The most buffers one kernel binds on `device`, as Burn's fusion counts them when it joins
+/// operations into a kernel: the adapter's storage buffers a shader stage, less the one wgpu
+/// keeps for itself (15 on llvmpipe's OpenGL, 28 through Metal, thousands through an NVIDIA
+/// GPU's Vulkan). `None` on the CPU backend.
+pub fn max_bindings(device: &Device) -> Option<u32> {
+    match device.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(cube) => {
+            Some(cube.client().properties().hardware.max_bindings)
         }
         _ => None,
     }
@@ -621,6 +641,7 @@ mod tests {
             cooperative_matrix: 0,
             memory: None,
             largest_buffer: None,
+            max_bindings: None,
         }
     }
 
@@ -701,8 +722,11 @@ mod tests {
              matmul, 6 shapes; 24.00 GiB device memory"
         );
         a.largest_buffer = Some(128 << 20);
+        a.max_bindings = Some(28);
         assert!(
-            a.report()[1].ends_with("; 24.00 GiB device memory; buffers up to 128.00 MiB"),
+            a.report()[1].ends_with(
+                "; 24.00 GiB device memory; buffers up to 128.00 MiB, 28 bound a kernel"
+            ),
             "{}",
             a.report()[1]
         );
