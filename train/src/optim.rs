@@ -134,7 +134,9 @@ impl AdamW {
     /// all element by element as PyTorch's, so the result is the same to the bit whatever the
     /// chunks. The updated parameters are slices of the chunk's result (views on a GPU, where a
     /// parameter's bytes start at the device's alignment). On a GPU that is two launches a chunk
-    /// where a tensor at a time took one a tensor.
+    /// where a tensor at a time took one a tensor. A chunk is updated when the module's walk
+    /// reaches its first parameter, so that beside the parameters only one chunk's old values
+    /// are alive, as a tensor at a time kept one tensor's.
     pub fn update<M: Module>(
         &mut self,
         module: M,
@@ -143,10 +145,6 @@ impl AdamW {
         grad_scale: f64,
     ) -> M {
         self.step += 1;
-        let s = self.settings;
-        let t = self.step as i32;
-        let bc1 = 1.0 - s.beta1.powi(t);
-        let bc2 = 1.0 - s.beta2.powi(t);
         let mut values = Values {
             wanted: grads
                 .chunks
@@ -156,55 +154,83 @@ impl AdamW {
             found: HashMap::new(),
         };
         module.visit(&mut values);
-        let mut updated = HashMap::new();
-        for chunk in grads.chunks {
-            let p = laid_end_to_end(
-                chunk
-                    .members
-                    .iter()
-                    .map(|m| values.found.remove(&m.id).expect("a gradient's parameter"))
-                    .collect(),
-            );
-            let mut g = chunk.flat;
-            if grad_scale != 1.0 {
-                g = g.mul_scalar(grad_scale);
-            }
-            let (exp_avg, exp_avg_sq) = match self.take_moments(&chunk.members, &g) {
-                Some((m, v)) => (
-                    m.mul_scalar(s.beta1) + g.clone().mul_scalar(1.0 - s.beta1),
-                    v.mul_scalar(s.beta2) + g.square().mul_scalar(1.0 - s.beta2),
-                ),
-                None => (
-                    g.clone().mul_scalar(1.0 - s.beta1),
-                    g.square().mul_scalar(1.0 - s.beta2),
-                ),
-            };
-            let denom = exp_avg_sq.clone().div_scalar(bc2).sqrt().add_scalar(s.eps);
-            let step = exp_avg.clone().div_scalar(bc1).div(denom).mul_scalar(lr);
-            let decayed = if chunk.decays && s.weight_decay != 0.0 {
-                p.mul_scalar(1.0 - lr * s.weight_decay)
-            } else {
-                p
-            };
-            let p = decayed - step;
-            let alone = chunk.members.len() == 1;
-            let mut at = 0;
-            for m in &chunk.members {
-                let part = if alone {
-                    p.clone()
-                } else {
-                    p.clone().narrow(0, at, m.len)
-                };
-                updated.insert(m.id, part);
-                at += m.len;
-            }
-            self.moments.push(Moments {
-                members: chunk.members.into_iter().map(|m| (m.path, m.len)).collect(),
-                exp_avg,
-                exp_avg_sq,
-            });
+        let chunk_of = grads
+            .chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| c.members.iter().map(move |m| (m.id, i)))
+            .collect();
+        module.map(&mut Step {
+            opt: self,
+            chunks: grads.chunks.into_iter().map(Some).collect(),
+            chunk_of,
+            values: values.found,
+            updated: HashMap::new(),
+            lr,
+            grad_scale,
+        })
+    }
+
+    /// Update `chunk` from its parameters' `values`: the updated values by parameter, and the
+    /// moments kept.
+    fn update_chunk(
+        &mut self,
+        chunk: Chunk,
+        values: &mut HashMap<ParamId, Tensor<1>>,
+        lr: f64,
+        grad_scale: f64,
+    ) -> Vec<(ParamId, Tensor<1>)> {
+        let s = self.settings;
+        let t = self.step as i32;
+        let bc1 = 1.0 - s.beta1.powi(t);
+        let bc2 = 1.0 - s.beta2.powi(t);
+        let p = laid_end_to_end(
+            chunk
+                .members
+                .iter()
+                .map(|m| values.remove(&m.id).expect("a gradient's parameter"))
+                .collect(),
+        );
+        let mut g = chunk.flat;
+        if grad_scale != 1.0 {
+            g = g.mul_scalar(grad_scale);
         }
-        module.map(&mut Replace { updated })
+        let (exp_avg, exp_avg_sq) = match self.take_moments(&chunk.members, &g) {
+            Some((m, v)) => (
+                m.mul_scalar(s.beta1) + g.clone().mul_scalar(1.0 - s.beta1),
+                v.mul_scalar(s.beta2) + g.square().mul_scalar(1.0 - s.beta2),
+            ),
+            None => (
+                g.clone().mul_scalar(1.0 - s.beta1),
+                g.square().mul_scalar(1.0 - s.beta2),
+            ),
+        };
+        let denom = exp_avg_sq.clone().div_scalar(bc2).sqrt().add_scalar(s.eps);
+        let step = exp_avg.clone().div_scalar(bc1).div(denom).mul_scalar(lr);
+        let decayed = if chunk.decays && s.weight_decay != 0.0 {
+            p.mul_scalar(1.0 - lr * s.weight_decay)
+        } else {
+            p
+        };
+        let p = decayed - step;
+        let alone = chunk.members.len() == 1;
+        let mut at = 0;
+        let mut updated = Vec::with_capacity(chunk.members.len());
+        for m in &chunk.members {
+            let part = if alone {
+                p.clone()
+            } else {
+                p.clone().narrow(0, at, m.len)
+            };
+            updated.push((m.id, part));
+            at += m.len;
+        }
+        self.moments.push(Moments {
+            members: chunk.members.into_iter().map(|m| (m.path, m.len)).collect(),
+            exp_avg,
+            exp_avg_sq,
+        });
+        updated
     }
 
     /// The moments of `members`, laid end to end in their order: the chunk stored as it is
@@ -390,13 +416,33 @@ impl ModuleVisitor for Values {
     }
 }
 
-/// Puts each updated value in its parameter's place, in its shape, trainable as it was.
-struct Replace {
+/// [`AdamW::update`]'s walk over the module: a chunk is updated where its first parameter is
+/// met, and each updated value put in its parameter's place, in its shape, trainable as it was.
+struct Step<'a> {
+    opt: &'a mut AdamW,
+    /// The chunks not yet updated.
+    chunks: Vec<Option<Chunk>>,
+    chunk_of: HashMap<ParamId, usize>,
+    /// The flat values of the parameters whose chunk is not yet updated.
+    values: HashMap<ParamId, Tensor<1>>,
+    /// Updated values not yet put in place.
     updated: HashMap<ParamId, Tensor<1>>,
+    lr: f64,
+    grad_scale: f64,
 }
 
-impl ModuleMapper for Replace {
+impl ModuleMapper for Step<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if let Some(chunk) = self
+            .chunk_of
+            .get(&param.id)
+            .and_then(|&i| self.chunks[i].take())
+        {
+            let done = self
+                .opt
+                .update_chunk(chunk, &mut self.values, self.lr, self.grad_scale);
+            self.updated.extend(done);
+        }
         let Some(value) = self.updated.remove(&param.id) else {
             return param;
         };
