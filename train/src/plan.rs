@@ -1227,7 +1227,7 @@ mod tests {
     /// f16 with its scale; the replay's first half for every token (the normed input, q and k
     /// before their norms); the core's f32 q, k, v, heads and their gradients, and f16 copies
     /// of four; the residual stream's three f32 tensors; one piece of the second half's tape, 2
-    /// x 1024 tokens (`recompute::finish_pieces`); three blocks of 352 query rows; the head's input
+    /// x 1024 tokens (`recompute::finish_pieces`); three blocks of 512 query rows; the head's input
     /// and gradient. The end phase counts the device's side of the save only.
     #[test]
     fn a_gpu_step_holds_one_piece_of_the_second_half() {
@@ -1238,7 +1238,7 @@ mod tests {
             + tokens * (2 * qd + 2 * kvd) * (4 * 2 + 2)
             + tokens * 3 * h * 4
             + 2 * 1024 * (qd + 2 * h + 5 * i) * 4
-            + 3 * 2 * 32 * 352 * 2048 * 4
+            + 3 * 2 * 32 * 512 * 2048 * 4
             + tokens * h * 4 * 2;
         assert_eq!(p.activations_recompute, want);
         assert_eq!(

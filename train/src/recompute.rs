@@ -47,9 +47,13 @@ pub(crate) const SCORE_BLOCK: usize = 1 << 26;
 
 /// A long sequence's attention goes in about this many blocks of queries: block `i` reads only
 /// the keys up to its last row (the mask is causal), so `n` blocks cost `(n + 1) / 2n` of the
-/// whole `s × s`. Measured at the 0.6B shape (2 × 1030 tokens, 16 heads): one block's forward
-/// and backward 1.67 s per layer, 3 to 6 blocks 0.81–0.87 s (docs/results.md).
-const CAUSAL_BLOCKS: usize = 6;
+/// whole `s × s`. Measured at the 0.6B shape on the CPU (2 × 1030 tokens, 16 heads): one block's
+/// forward and backward 1.67 s per layer, 3 to 6 blocks 0.81–0.87 s (docs/results.md). A GPU,
+/// which runs these blocks, pays its host about 22 launches a block a layer in a training step
+/// (the first pass, the replay, the backward): 4 blocks compute 62.5 % of the square where 6
+/// computed 58 %, for a third fewer launches; at the 4B a quarter of 2048 rows is also the most
+/// [`SCORE_BLOCK`] allows (docs/results.md, "Four attention blocks on a GPU").
+const CAUSAL_BLOCKS: usize = 4;
 /// Fewer query rows than this per block cost more in per-block work than the skip saves.
 const MIN_ROWS: usize = 128;
 
@@ -59,7 +63,7 @@ const MIN_ROWS: usize = 128;
 /// multiple of [`GPU_LENGTH_MULTIPLE`] where the budget allows: a GPU's batch length is one, so
 /// every block's rows and the keys it reads (`e`, a multiple of the rows) are too, and each
 /// product's rows and inner length divide into f16's widest vectors and a tensor core's tiles.
-/// At the 4B's 2 x 2048 tokens, 352 rows, where `s / 6` is 342 (which 2 alone divides).
+/// At the 4B's 2 x 2048 tokens, 512 rows.
 pub(crate) fn query_chunk(b: usize, heads: usize, s: usize, max_scores: usize) -> usize {
     let budget = whole_multiple_rows(max_scores / (b * heads * s).max(1));
     let causal = s
@@ -888,11 +892,11 @@ mod tests {
 
     #[test]
     fn query_chunks_keep_a_block_within_budget() {
-        // about a sixth of the rows, rounded up to a multiple of 16 (342 and 172 before)
-        assert_eq!(query_chunk(1, 32, 2048, SCORE_BLOCK), 352);
+        // about a quarter of the rows, rounded up to a multiple of 16 (1030 / 4 is 258)
+        assert_eq!(query_chunk(1, 32, 2048, SCORE_BLOCK), 512);
         assert_eq!(query_chunk(1, 2, 8, SCORE_BLOCK), 8);
         assert_eq!(query_chunk(2, 16, 200, SCORE_BLOCK), 128);
-        assert_eq!(query_chunk(2, 16, 1030, SCORE_BLOCK), 176);
+        assert_eq!(query_chunk(2, 16, 1030, SCORE_BLOCK), 272);
         // a budget of 100 rows a block: 96, the multiple of 16 below it
         assert_eq!(query_chunk(1, 3, 1000, 3 * 1000 * 100), 96);
         // under 16 rows a block, what the budget allows
@@ -903,6 +907,6 @@ mod tests {
         // the budget bounds halve, and the causal cap stays where it was the smaller
         assert_eq!(query_chunk(64, 32, 8192, 1 << 25), 2);
         assert_eq!(query_chunk(2, 32, 2048, 1 << 25), 256);
-        assert_eq!(query_chunk(1, 32, 2048, 1 << 25), 352);
+        assert_eq!(query_chunk(1, 32, 2048, 1 << 25), 512);
     }
 }
