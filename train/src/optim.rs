@@ -72,17 +72,18 @@ impl Moments {
         if self.members.len() == 1 {
             return vec![self];
         }
-        let mut at = 0;
+        let lens: Vec<usize> = self.members.iter().map(|(_, len)| *len).collect();
+        let (m, v) = (
+            pieces(&self.exp_avg, &lens),
+            pieces(&self.exp_avg_sq, &lens),
+        );
         self.members
-            .iter()
-            .map(|(path, len)| {
-                let part = Moments {
-                    members: vec![(path.clone(), *len)],
-                    exp_avg: self.exp_avg.clone().narrow(0, at, *len),
-                    exp_avg_sq: self.exp_avg_sq.clone().narrow(0, at, *len),
-                };
-                at += len;
-                part
+            .into_iter()
+            .zip(m.into_iter().zip(v))
+            .map(|(member, (exp_avg, exp_avg_sq))| Moments {
+                members: vec![member],
+                exp_avg,
+                exp_avg_sq,
             })
             .collect()
     }
@@ -145,26 +146,23 @@ impl AdamW {
         grad_scale: f64,
     ) -> M {
         self.step += 1;
-        let mut values = Values {
-            wanted: grads
-                .chunks
-                .iter()
-                .flat_map(|c| c.members.iter().map(|m| m.id))
-                .collect(),
-            found: HashMap::new(),
-        };
-        module.visit(&mut values);
-        let chunk_of = grads
+        let chunk_of: HashMap<ParamId, usize> = grads
             .chunks
             .iter()
             .enumerate()
             .flat_map(|(i, c)| c.members.iter().map(move |m| (m.id, i)))
             .collect();
+        let mut values = Values {
+            wanted: &chunk_of,
+            found: HashMap::new(),
+        };
+        module.visit(&mut values);
+        let values = values.found;
         module.map(&mut Step {
             opt: self,
             chunks: grads.chunks.into_iter().map(Some).collect(),
             chunk_of,
-            values: values.found,
+            values,
             updated: HashMap::new(),
             lr,
             grad_scale,
@@ -212,19 +210,13 @@ impl AdamW {
         } else {
             p
         };
-        let p = decayed - step;
-        let alone = chunk.members.len() == 1;
-        let mut at = 0;
-        let mut updated = Vec::with_capacity(chunk.members.len());
-        for m in &chunk.members {
-            let part = if alone {
-                p.clone()
-            } else {
-                p.clone().narrow(0, at, m.len)
-            };
-            updated.push((m.id, part));
-            at += m.len;
-        }
+        let lens: Vec<usize> = chunk.members.iter().map(|m| m.len).collect();
+        let updated = chunk
+            .members
+            .iter()
+            .map(|m| m.id)
+            .zip(pieces(&(decayed - step), &lens))
+            .collect();
         self.moments.push(Moments {
             members: chunk.members.into_iter().map(|m| (m.path, m.len)).collect(),
             exp_avg,
@@ -313,26 +305,18 @@ impl AdamW {
 
     /// Every parameter's two moments, by path in order (a member's slice of its chunk's).
     fn named_moments(&self) -> impl Iterator<Item = (String, Tensor<1>)> + '_ {
-        let mut parts: Vec<(&str, &Moments, usize, usize)> = Vec::new();
-        for m in &self.moments {
-            let mut at = 0;
-            for (path, len) in &m.members {
-                parts.push((path, m, at, *len));
-                at += len;
-            }
-        }
-        parts.sort_unstable_by_key(|(path, ..)| *path);
-        parts.into_iter().flat_map(|(path, m, at, len)| {
-            let part = |t: &Tensor<1>| {
-                if m.members.len() == 1 {
-                    t.clone()
-                } else {
-                    t.clone().narrow(0, at, len)
-                }
-            };
+        let mut parts: Vec<Moments> = self
+            .moments
+            .iter()
+            .cloned()
+            .flat_map(Moments::split)
+            .collect();
+        parts.sort_unstable_by(|a, b| a.members[0].0.cmp(&b.members[0].0));
+        parts.into_iter().flat_map(|m| {
+            let path = &m.members[0].0;
             [
-                (format!("{path}.exp_avg"), part(&m.exp_avg)),
-                (format!("{path}.exp_avg_sq"), part(&m.exp_avg_sq)),
+                (format!("{path}.exp_avg"), m.exp_avg),
+                (format!("{path}.exp_avg_sq"), m.exp_avg_sq),
             ]
         })
     }
@@ -391,6 +375,21 @@ fn to_vec(t: &Tensor<1>) -> Vec<f32> {
         .expect("f32 tensor data")
 }
 
+/// `t` cut into consecutive pieces of `lens` elements: `t` itself where there is one piece, else
+/// slices of it (views on a GPU where a piece's bytes start at the device's alignment).
+fn pieces(t: &Tensor<1>, lens: &[usize]) -> Vec<Tensor<1>> {
+    if lens.len() == 1 {
+        return vec![t.clone()];
+    }
+    let mut at = 0;
+    lens.iter()
+        .map(|&len| {
+            at += len;
+            t.clone().narrow(0, at - len, len)
+        })
+        .collect()
+}
+
 /// `parts` as one tensor: the part itself where there is one, else their concatenation.
 fn laid_end_to_end(parts: Vec<Tensor<1>>) -> Tensor<1> {
     if parts.len() == 1 {
@@ -400,15 +399,15 @@ fn laid_end_to_end(parts: Vec<Tensor<1>>) -> Tensor<1> {
     }
 }
 
-/// The flat values of the parameters in `wanted`, without the autodiff graph.
-struct Values {
-    wanted: std::collections::HashSet<ParamId>,
+/// The flat values of the parameters `wanted` names, without the autodiff graph.
+struct Values<'a> {
+    wanted: &'a HashMap<ParamId, usize>,
     found: HashMap<ParamId, Tensor<1>>,
 }
 
-impl ModuleVisitor for Values {
+impl ModuleVisitor for Values<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if self.wanted.contains(&param.id) {
+        if self.wanted.contains_key(&param.id) {
             let v = param.val().inner();
             let n = v.shape().num_elements();
             self.found.insert(param.id, v.reshape([n]));
@@ -645,6 +644,16 @@ mod tests {
         assert_eq!(clip_factor(4.0, 0.0), 1.0);
     }
 
+    /// PyTorch's AdamW defaults (betas 0.9 and 0.999, eps 1e-8) with `weight_decay`.
+    fn torch_defaults(weight_decay: f64) -> AdamWSettings {
+        AdamWSettings {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
+    }
+
     #[derive(Module, Debug)]
     struct Toy {
         w: Param<Tensor<2>>,
@@ -667,12 +676,7 @@ mod tests {
     fn adamw_matches_hand_computation_and_skips_decay_on_rank_one() {
         let device = Device::flex().autodiff();
         let mut model = toy(&device);
-        let mut opt = AdamW::new(AdamWSettings {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        });
+        let mut opt = AdamW::new(torch_defaults(0.1));
         let x = Tensor::<2>::from_data([[1.0f32, 2.0]], &device);
         let lr = 0.1;
         // Hand computation for each element with constant gradient g:
@@ -927,12 +931,7 @@ mod tests {
         let run = |chunks: &[(usize, usize)], resume_after: Option<usize>| {
             let device = Device::flex().autodiff();
             let mut model = many(&device);
-            let mut opt = AdamW::new(AdamWSettings {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.1,
-            });
+            let mut opt = AdamW::new(torch_defaults(0.1));
             for (step, &(tensors, elements)) in chunks.iter().enumerate() {
                 let mut grads = cubes(&model);
                 // the f16 vector is left alone (its moments would come back in f32 on a resume)
@@ -983,12 +982,7 @@ mod tests {
         let grads = Gradients::take(&model, &mut grads);
         let n = grads.norm();
         assert!((n - 12f64.sqrt()).abs() < 1e-6);
-        let mut opt = AdamW::new(AdamWSettings {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        });
+        let mut opt = AdamW::new(torch_defaults(0.0));
         let _ = opt.update(model, grads, 0.01, clip_factor(n, 1.0));
         let exported = opt.export();
         assert_eq!(exported.len(), 4);
