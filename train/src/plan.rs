@@ -7,7 +7,8 @@
 //! for a bf16 / f16 base, their inputs cast to it), RoPE copies, the shared key/value
 //! heads, the SwiGLU products, and, without recomputation, the attention scores of every layer.
 //! With recomputation (`crate::recompute`) only each layer's input stays (in f16 on an f16
-//! base), plus one layer's tape and three blocks of attention scores. The counts are element
+//! base), plus one layer's tape and three blocks of attention scores, or in their place a piece
+//! of a layer's second half's tape where that is larger. The counts are element
 //! counts times the dtype's width; `RUNTIME` covers the process itself (code, tokenizer,
 //! allocator slack). The plan was checked against the measured peak RSS at three sizes (README,
 //! "Memory at real sizes").
@@ -357,7 +358,13 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // gradients that the MLP's backward holds beside them. Checked against what Burn's GPU
     // runtime reserved on llvmpipe (docs/results.md). The layer's second half (after the
     // attention core) replays in pieces of tokens, one piece's tape alive at a time
-    // (`crate::recompute::finish_pieces`, within `[train] replay_piece_mib`).
+    // (`crate::recompute::finish_pieces`, within `[train] replay_piece_mib`), and never beside
+    // the core's blocks of scores: the core's forward frees its blocks before the half replays,
+    // and the half's last piece is freed before the core's backward computes them again
+    // (`crate::recompute::loss_and_grads`), so the plan counts the larger of the two. On
+    // llvmpipe the memory Burn's pool reserved grew by less than that larger one when the tape
+    // grew past the scores, far less than their sum (docs/results.md, "The replay's tape in the
+    // scores' place").
     let (replay_layer, finish_tape, replay_pieces) = if cfg.train.mode == Mode::Lora && !by_hand {
         use crate::recompute::{finish_bytes_per_token, finish_pieces};
         let dims = [h, qd, i].map(|n| n as usize);
@@ -381,8 +388,7 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     let kept = if f16_base { h * 2 + 4 } else { h * a } + maxima;
     let recompute = tokens * layers * kept
         + tokens * (replay_layer + core + 3 * h * 4)
-        + finish_tape
-        + scores
+        + finish_tape.max(scores)
         + widened
         + attention_kept;
     // The head: label logits are tiny; the next-token term multiplies the whole vocabulary.
@@ -1226,21 +1232,28 @@ mod tests {
     /// A GPU's LoRA step at the 4B (f16, 2 x 2048 tokens), term by term: each layer's input in
     /// f16 with its scale; the replay's first half for every token (the normed input, q and k
     /// before their norms); the core's f32 q, k, v, heads and their gradients, and f16 copies
-    /// of four; the residual stream's three f32 tensors; one piece of the second half's tape, 2
-    /// x 1024 tokens (`recompute::finish_pieces`); three blocks of 512 query rows; the head's input
-    /// and gradient. The end phase counts the device's side of the save only.
+    /// of four; the residual stream's three f32 tensors; the second half's tape, 2 x 2048 tokens
+    /// in one piece (`recompute::finish_pieces`), in the place of the three blocks of 512 query
+    /// rows, the smaller; the head's input and gradient. The end phase counts the device's side
+    /// of the save only.
     #[test]
-    fn a_gpu_step_holds_one_piece_of_the_second_half() {
+    fn a_gpu_step_holds_the_second_halfs_tape_or_the_scores() {
         let (_, p) = four_b(&["train.dtype=f16"]);
         let (h, qd, kvd, i, tokens): (u64, u64, u64, u64, u64) = (2560, 4096, 1024, 9728, 2 * 2048);
         let want = tokens * 36 * (h * 2 + 4 + 32 * 4)
             + tokens * (h + qd + kvd) * 4
             + tokens * (2 * qd + 2 * kvd) * (4 * 2 + 2)
             + tokens * 3 * h * 4
-            + 2 * 1024 * (qd + 2 * h + 5 * i) * 4
-            + 3 * 2 * 32 * 512 * 2048 * 4
+            + 2 * 2048 * (qd + 2 * h + 5 * i) * 4
             + tokens * h * 4 * 2;
         assert_eq!(p.activations_recompute, want);
+        assert!(2 * 2048 * (qd + 2 * h + 5 * i) * 4 > 3 * 2 * 32 * 512 * 2048 * 4);
+        // in pieces of 2 x 512 tokens the scores are the larger
+        let (_, pieces) = four_b(&["train.dtype=f16", "train.replay_piece_mib=256"]);
+        assert_eq!(
+            pieces.activations_recompute,
+            want - 2 * 2048 * (qd + 2 * h + 5 * i) * 4 + 3 * 2 * 32 * 512 * 2048 * 4
+        );
         assert_eq!(
             p.finish,
             h * i * (3 * 4 + 2) + h * i * 2 + p.trainable_state
@@ -1255,32 +1268,36 @@ mod tests {
         assert!(cpu.finish > embed && p.finish < embed);
     }
 
-    /// `[train] replay_piece_mib` sets the second half's pieces the plan counts: at 1024 the 4B's
-    /// 2 x 2048 tokens replay whole (one piece of 2048 tokens a row), at 256 in 4 pieces of 512,
-    /// and the plan moves by exactly those tapes.
+    /// `[train] replay_piece_mib` sets the second half's pieces the plan counts: at 1024 (the
+    /// 4B config's) its 2 x 2048 tokens replay whole (one piece of 2048 tokens a row), at 512 in
+    /// 2 pieces of 1024, at 256 in 4 of 512. A piece's tape takes the place of the attention's
+    /// three blocks of scores, so the plan moves by what it holds past them: 0.13 GiB for the
+    /// whole, nothing for the smaller pieces.
     #[test]
-    fn the_replay_piece_setting_moves_the_plan_by_the_pieces_tape() {
+    fn the_replay_piece_setting_moves_the_plan_by_the_tape_past_the_scores() {
         let per_token: u64 = (4096 + 2 * 2560 + 5 * 9728) * 4;
+        let scores = 3 * 2 * 32 * 512 * 2048 * 4;
+        let peak = |rows: u64| (2 * rows * per_token).max(scores);
         let (_, default) = four_b(&["train.dtype=f16"]);
-        let tape_of = |rows: u64| 2 * rows * per_token;
+        assert_eq!(default.replay_pieces, 1);
         for (mib, rows) in [(1024, 2048), (512, 1024), (256, 512)] {
             let set = format!("train.replay_piece_mib={mib}");
             let (_, p) = four_b(&["train.dtype=f16", set.as_str()]);
+            assert_eq!(p.replay_pieces as u64, 2048 / rows, "{mib} MiB");
+            assert_eq!(p.replay_piece_tape, 2 * rows * per_token, "{mib} MiB");
             assert_eq!(
-                p.activations_recompute + tape_of(1024),
-                default.activations_recompute + tape_of(rows),
+                p.activations_recompute + peak(2048),
+                default.activations_recompute + peak(rows),
                 "{mib} MiB"
             );
         }
+        assert!(peak(2048) - scores > (1 << 30) / 8);
         // past what a usize of bytes holds: one piece, as at 1024, not an overflow
         let (_, whole) = four_b(&[
             "train.dtype=f16",
             "train.replay_piece_mib=9223372036854775807",
         ]);
-        assert_eq!(
-            whole.activations_recompute + tape_of(1024),
-            default.activations_recompute + tape_of(2048)
-        );
+        assert_eq!(whole.activations_recompute, default.activations_recompute);
         let bad = RunConfig::parse(
             include_str!("../../configs/qwen3-4b-lora.toml"),
             &["train.replay_piece_mib=0".to_string()],

@@ -303,13 +303,16 @@ enum Saved {
 
 /// By default (`[train] replay_piece_mib`), at most about this many bytes of tape for the
 /// second half of a layer's replay (`finish`, everything after the attention core) at a time:
-/// two blocks of scores' worth ([`SCORE_BLOCK`] f32 values each), 512 MiB. At the 4B (2 x 2048
-/// tokens) the whole is 0.88 GiB, 0.74 of it intermediate-sized, so it replays in 2 pieces.
-/// Each piece more replays the half's kernels again: on llvmpipe about 94 launches a piece a
-/// layer, 31 of them products, most of those the adapters' small ones (docs/results.md). So the
-/// budget trades memory for launches: 256 MiB would take 4 pieces at the 4B, 0.22 GiB less for
-/// three times the launches.
-pub(crate) const FINISH_BUDGET: usize = 2 * SCORE_BLOCK * 4;
+/// four blocks of scores' worth ([`SCORE_BLOCK`] f32 values each), 1 GiB. The tape is never
+/// alive beside the core's three blocks of scores (their forward frees them before the half
+/// replays, the backward computes them after it), so a piece up to their size costs no memory
+/// at the step's peak, and one past it only its excess. At the 4B (2 x 2048 tokens) the whole is
+/// 0.88 GiB, 0.74 of it intermediate-sized, so it replays in one piece, 0.13 GiB past the
+/// scores' 0.75. Each piece more replays the half's kernels again: on llvmpipe about 94
+/// launches a piece a layer, 31 of them products, most of those the adapters' small ones
+/// (docs/results.md). So the budget trades memory for launches: 512 MiB would take 2 pieces at
+/// the 4B, 0.13 GiB less for about 63 launches a layer more.
+pub(crate) const FINISH_BUDGET: usize = 4 * SCORE_BLOCK * 4;
 
 /// Bytes of tape per token of a LoRA layer's second half replayed through the tape (hidden
 /// `h`, `qd` query heads' width, intermediate `i`; f32 activations): the adapters' inputs (the
@@ -585,15 +588,19 @@ mod tests {
         assert_eq!(finish_pieces(2, 7, [16, 32, 24], true, FINISH_BUDGET), 7);
         assert_eq!(finish_pieces(2, 7, [16, 32, 24], false, 3000), 7);
         // the 4B (hidden 2560, 32 heads of 128, intermediate 9728), 2 x 2048 tokens: 0.88 GiB of
-        // tape in 2 pieces of 1024 tokens, each within budget; at batch 1, one piece
+        // tape, within 512 MiB in 2 pieces of 1024 tokens; at batch 1, one piece
         let four_b = [2560, 4096, 9728];
-        assert_eq!(finish_pieces(2, 2048, four_b, true, FINISH_BUDGET), 1024);
-        assert!(2 * 1024 * finish_bytes_per_token(four_b) <= FINISH_BUDGET);
-        assert_eq!(finish_pieces(1, 2048, four_b, true, FINISH_BUDGET), 2048);
-        assert_eq!(finish_pieces(2, 3072, four_b, true, FINISH_BUDGET), 1024);
+        let half = 512 << 20;
+        assert_eq!(finish_pieces(2, 2048, four_b, true, half), 1024);
+        assert!(2 * 1024 * finish_bytes_per_token(four_b) <= half);
+        assert_eq!(finish_pieces(1, 2048, four_b, true, half), 2048);
+        assert_eq!(finish_pieces(2, 3072, four_b, true, half), 1024);
         // a GPU's lengths are multiples of 16, and so are its pieces; a CPU's need not be
-        assert_eq!(finish_pieces(2, 2064, four_b, true, FINISH_BUDGET), 1040);
-        assert_eq!(finish_pieces(2, 2050, four_b, true, FINISH_BUDGET), 1025);
+        assert_eq!(finish_pieces(2, 2064, four_b, true, half), 1040);
+        assert_eq!(finish_pieces(2, 2050, four_b, true, half), 1025);
+        // by default the 4B's 2 x 2048 tokens replay whole, 2 x 4096 in 2 pieces
+        assert_eq!(finish_pieces(2, 2048, four_b, true, FINISH_BUDGET), 2048);
+        assert_eq!(finish_pieces(2, 4096, four_b, true, FINISH_BUDGET), 2048);
     }
 
     /// How far a recomputed step may be from the taped pass: the loss (relative), each gradient

@@ -267,9 +267,10 @@ pub struct TrainSection {
     /// replay (everything after the attention core) at a time: the half replays in as few pieces
     /// of tokens as keep within it (`crate::recompute::finish_pieces`). Each piece more runs the
     /// half's kernels again (on a GPU about 60 to 90 launches a piece a layer); each piece fewer
-    /// holds more. At the 4B's 2 x 2048 tokens the whole half holds 0.88 GiB: 2 pieces at the
-    /// default 512, one at 1024. Only the launches and the memory change, and the gradients'
-    /// rounding.
+    /// holds more, though a piece within the attention core's three blocks of scores takes
+    /// their memory, never alive at the same time. At the 4B's 2 x 2048 tokens the whole half
+    /// holds 0.88 GiB: one piece at the default 1024, 2 at 512. Only the launches and the memory
+    /// change, and the gradients' rounding.
     #[serde(default = "default_replay_piece_mib")]
     pub replay_piece_mib: usize,
     /// Dynamic loss scaling of the backward pass (`crate::model::f16_safety`): `auto` (on for an f16
