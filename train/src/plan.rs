@@ -540,6 +540,23 @@ pub(crate) fn size(bytes: u64) -> String {
     }
 }
 
+/// Where the replay's second half in smaller pieces would lower `cfg`'s plan (its one piece's
+/// tape past the attention's blocks of scores, whose place it takes): a `[train]
+/// replay_piece_mib` that cuts the piece about in half, and the plan's total with it.
+pub(crate) fn smaller_replay_pieces(cfg: &RunConfig, arch: &Qwen3Config) -> Option<(usize, u64)> {
+    let now = plan(cfg, arch);
+    if !cfg.train.recompute || now.replay_pieces == 0 {
+        return None;
+    }
+    // Half the setting, where that cuts the piece; else half the piece.
+    let tape_mib = now.replay_piece_tape.div_ceil(1 << 20) as usize;
+    let half = cfg.train.replay_piece_mib / 2;
+    let mut smaller = cfg.clone();
+    smaller.train.replay_piece_mib = if half < tape_mib { half } else { tape_mib / 2 }.max(1);
+    let then = plan(&smaller, arch);
+    (then.total < now.total).then_some((smaller.train.replay_piece_mib, then.total))
+}
+
 /// `bytes` in GiB, two decimals, as the plan prints sizes.
 pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
@@ -1303,6 +1320,26 @@ mod tests {
             &["train.replay_piece_mib=0".to_string()],
         );
         assert!(bad.unwrap_err().to_string().contains("replay_piece_mib"));
+    }
+
+    /// A GPU that runs out of memory at the 4B is told the replay in 2 pieces (512 MiB each, in
+    /// the scores' place) plans less; in pieces already within the scores, or without
+    /// recompute, nothing is gained and nothing is said.
+    #[test]
+    fn smaller_replay_pieces_are_offered_where_they_lower_the_plan() {
+        let arch = four_b_arch();
+        let (cfg, p) = four_b(&["train.dtype=f16"]);
+        let (_, two) = four_b(&["train.dtype=f16", "train.replay_piece_mib=512"]);
+        assert_eq!(smaller_replay_pieces(&cfg, &arch), Some((512, two.total)));
+        assert!(two.total < p.total);
+        let (cfg, _) = four_b(&["train.dtype=f16", "train.replay_piece_mib=512"]);
+        assert_eq!(smaller_replay_pieces(&cfg, &arch), None);
+        // a setting far past the tape: half the piece
+        let (cfg, _) = four_b(&["train.dtype=f16", "train.replay_piece_mib=100000"]);
+        let (mib, total) = smaller_replay_pieces(&cfg, &arch).unwrap();
+        assert_eq!((mib, total), (452, two.total));
+        let (cfg, _) = four_b(&["train.dtype=f16", "train.recompute=false"]);
+        assert_eq!(smaller_replay_pieces(&cfg, &arch), None);
     }
 
     /// On a GPU an evaluation batch (16 rows of 2048 tokens of the 4B) is a phase of its own:

@@ -343,6 +343,15 @@ fn default_log_every() -> u64 {
 fn default_shards() -> usize {
     1
 }
+/// The settings a resumed run may change (`decision train --resume`): how a step or an
+/// evaluation runs, its memory and launches, not what the run trains or in what order (the
+/// batch size orders each epoch's batches by length, and the prompts' length is the data).
+pub(crate) const RESUMABLE: &[&str] = &[
+    "train.recompute",
+    "train.replay_piece_mib",
+    "eval.batch_size",
+];
+
 fn default_replay_piece_mib() -> usize {
     crate::recompute::FINISH_BUDGET >> 20
 }
@@ -395,6 +404,39 @@ impl RunConfig {
     /// The resolved config as TOML text (what `run.toml` holds).
     pub(crate) fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("run config serialises")
+    }
+
+    /// The settings (`section.key`) whose values differ from `other`'s, with this config's value
+    /// and `other`'s, as TOML writes them.
+    pub(crate) fn differences(&self, other: &RunConfig) -> Vec<(String, String, String)> {
+        fn walk(
+            at: &str,
+            a: Option<&toml::Value>,
+            b: Option<&toml::Value>,
+            out: &mut Vec<(String, String, String)>,
+        ) {
+            if let (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) = (a, b) {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for k in keys {
+                    let path = if at.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{at}.{k}")
+                    };
+                    walk(&path, a.get(k), b.get(k), out);
+                }
+            } else if a != b {
+                let show =
+                    |v: Option<&toml::Value>| v.map_or_else(|| "(unset)".into(), |v| v.to_string());
+                out.push((at.to_string(), show(a), show(b)));
+            }
+        }
+        let value = |c: &RunConfig| toml::Value::try_from(c).expect("run config serialises");
+        let mut out = Vec::new();
+        walk("", Some(&value(self)), Some(&value(other)), &mut out);
+        out
     }
 
     fn check(&self) -> Result<()> {

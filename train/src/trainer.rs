@@ -268,18 +268,42 @@ pub(crate) fn gpu_failure(
     };
     let software = crate::model::backend::wgpu_adapter().is_some_and(|a| a.is_software());
     let what = match failure {
-        Some(GpuFailure::OutOfMemory) => format!(
-            "the GPU{on} ran out of memory: the plan needs about {planned} and {memory}; lower \
-             --set train.batch_size (now {}, raising optim.grad_accum keeps the effective \
-             batch), --set data.max_tokens (now {}){}",
-            cfg.train.batch_size,
-            cfg.data.max_tokens,
-            if cfg.train.recompute {
-                String::new()
-            } else {
-                ", or --set train.recompute=true".into()
+        Some(GpuFailure::OutOfMemory) => {
+            // What a resumed run may change (`RESUMABLE`), then what needs a new run.
+            let mut resumable = Vec::new();
+            if !cfg.train.recompute {
+                resumable.push("--set train.recompute=true".to_string());
             }
-        ),
+            let smaller = crate::plan::architecture(cfg)
+                .ok()
+                .and_then(|arch| crate::plan::smaller_replay_pieces(cfg, &arch));
+            if let Some((mib, total)) = smaller {
+                resumable.push(format!(
+                    "--set train.replay_piece_mib={mib} (now {}: the replay's second half in \
+                     smaller pieces, about {} planned, more launches)",
+                    cfg.train.replay_piece_mib,
+                    gib(total)
+                ));
+            }
+            let new_run = format!(
+                "lower --set train.batch_size (now {}, raising optim.grad_accum keeps the \
+                 effective batch) or --set data.max_tokens (now {})",
+                cfg.train.batch_size, cfg.data.max_tokens
+            );
+            let fixes = if resumable.is_empty() {
+                format!("{new_run}, in a new run (another --out: a resumed run keeps them)")
+            } else {
+                format!(
+                    "{} with --resume, or {new_run} in a new run (another --out: a resumed run \
+                     keeps them)",
+                    resumable.join(", or ")
+                )
+            };
+            format!(
+                "the GPU{on} ran out of memory: the plan needs about {planned} and {memory}; \
+                 {fixes}"
+            )
+        }
         Some(GpuFailure::DeviceLost) => format!(
             "the GPU{on} was lost (a driver reset, a hang or a fault) while the run needed about \
              {planned} and {memory}; check the driver's log; a smaller --set train.batch_size or \
@@ -323,10 +347,28 @@ fn check_run_folder(cfg: &RunConfig, run_dir: &Path, resume: bool) -> Result<()>
         let text = std::fs::read_to_string(&saved)
             .with_context(|| format!("--resume: {} has no run to continue", run_dir.display()))?;
         let prev = RunConfig::parse(&text, &[]).with_context(|| saved.display().to_string())?;
-        if prev != *cfg {
+        let changed = prev.differences(cfg);
+        let show = |d: &[&(String, String, String)]| {
+            d.iter()
+                .map(|(key, was, now)| format!("{key} {was} -> {now}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (free, fixed): (Vec<_>, Vec<_>) = changed
+            .iter()
+            .partition(|(key, _, _)| crate::run_config::RESUMABLE.contains(&key.as_str()));
+        if !fixed.is_empty() {
             bail!(
-                "--resume: the config differs from the run's own {} (resume with the same config and --set overrides)",
-                saved.display()
+                "--resume: the config differs from the run's own {}: {}. A resumed run keeps what                  it trains and its data's order; it may change only {}. Resume with the run's                  values, or start a new run with another --out",
+                saved.display(),
+                show(&fixed),
+                crate::run_config::RESUMABLE.join(", ")
+            );
+        }
+        if !free.is_empty() {
+            eprintln!(
+                "--resume: {} (how a step runs, not what it trains)",
+                show(&free)
             );
         }
     } else if checkpoint::latest(run_dir)?.is_some() || run_dir.join("final").exists() {

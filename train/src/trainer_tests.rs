@@ -1053,9 +1053,8 @@ fn a_gpu_failure_says_what_the_plan_needed_and_where_to_resume() {
     for part in [
         "ran out of memory",
         &format!("the plan needs about {planned} and the device has "),
-        "--set train.batch_size (now 3",
-        "--set data.max_tokens (now 1024)",
-        "--set train.recompute=true",
+        "--set train.recompute=true with --resume, or lower --set train.batch_size (now 3",
+        "--set data.max_tokens (now 1024) in a new run (another --out",
         "resumes from its checkpoint of step 4 with --resume",
         "The runtime said: out of device memory",
     ] {
@@ -1415,6 +1414,67 @@ fn f16_lora_on(dir: &Path, factors: &[(&str, f32)]) -> impl Fn(&[&str]) -> RunCo
 }
 
 /// `cfg` run into `out`, killed after 3 steps and resumed to its end; returns `out`.
+/// A run stopped (for memory, say) resumes with the settings that change how a step runs
+/// (recompute, the replay's pieces, the evaluation's batch) and trains to what it would have
+/// trained; a resume that changes what the run trains or its data's order (the learning rate,
+/// the batch size) is refused, naming each change.
+#[test]
+fn a_resume_may_change_how_a_step_runs_not_what_it_trains() {
+    let _rng = device_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let data = states_file(dir.path(), RulesVersion::V1, 12);
+    let taped = tiny_run_config(&data, "");
+    let with = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        RunConfig::parse(&taped.to_toml(), &sets).unwrap()
+    };
+    let whole = dir.path().join("whole");
+    train(&taped, &whole, &TrainOptions::default()).unwrap();
+    let out = dir.path().join("split");
+    let stop = TrainOptions {
+        stop_after: Some(3),
+        ..Default::default()
+    };
+    assert!(train(&taped, &out, &stop).unwrap().interrupted);
+    let resume = TrainOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let other = with(&[
+        "optim.lr=0.001",
+        "train.batch_size=1",
+        "optim.grad_accum=6",
+        "eval.batch_size=4",
+    ]);
+    let refused = format!("{:#}", train(&other, &out, &resume).unwrap_err());
+    for part in [
+        "optim.lr 0.003 -> 0.001",
+        "train.batch_size 3 -> 1",
+        "optim.grad_accum 2 -> 6",
+        "it may change only train.recompute, train.replay_piece_mib, eval.batch_size",
+    ] {
+        assert!(refused.contains(part), "{part:?} in {refused}");
+    }
+    assert!(!refused.contains("eval.batch_size 16"), "{refused}");
+    let changed = with(&[
+        "train.recompute=true",
+        "train.replay_piece_mib=1",
+        "eval.batch_size=4",
+    ]);
+    train(&changed, &out, &resume).unwrap();
+    let diff = max_abs_diff(
+        &model_bytes(&whole.join("final")),
+        &model_bytes(&out.join("final")),
+    );
+    assert!(
+        diff <= 1e-4,
+        "resumed with recompute: weights differ by {diff}"
+    );
+    // run.toml says how the run went on
+    let saved = std::fs::read_to_string(out.join("run.toml")).unwrap();
+    assert_eq!(RunConfig::parse(&saved, &[]).unwrap(), changed);
+}
+
 fn resumed_after_3_steps(cfg: &RunConfig, out: &Path) -> PathBuf {
     let stop = TrainOptions {
         stop_after: Some(3),
