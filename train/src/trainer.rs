@@ -359,7 +359,9 @@ fn check_run_folder(cfg: &RunConfig, run_dir: &Path, resume: bool) -> Result<()>
             .partition(|(key, _, _)| crate::run_config::RESUMABLE.contains(&key.as_str()));
         if !fixed.is_empty() {
             bail!(
-                "--resume: the config differs from the run's own {}: {}. A resumed run keeps what                  it trains and its data's order; it may change only {}. Resume with the run's                  values, or start a new run with another --out",
+                "--resume: the config differs from the run's own {}: {}. A resumed run keeps what \
+                 it trains and its data's order; it may change only {}. Resume with the run's \
+                 values, or start a new run with another --out",
                 saved.display(),
                 show(&fixed),
                 crate::run_config::RESUMABLE.join(", ")

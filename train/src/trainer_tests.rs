@@ -1451,7 +1451,8 @@ fn a_resume_may_change_how_a_step_runs_not_what_it_trains() {
         "optim.lr 0.003 -> 0.001",
         "train.batch_size 3 -> 1",
         "optim.grad_accum 2 -> 6",
-        "it may change only train.recompute, train.replay_piece_mib, eval.batch_size",
+        "A resumed run keeps what it trains and its data's order; it may change only \
+         train.recompute, train.replay_piece_mib, eval.batch_size. Resume with the run's values",
     ] {
         assert!(refused.contains(part), "{part:?} in {refused}");
     }
