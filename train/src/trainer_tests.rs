@@ -1413,7 +1413,6 @@ fn f16_lora_on(dir: &Path, factors: &[(&str, f32)]) -> impl Fn(&[&str]) -> RunCo
     }
 }
 
-/// `cfg` run into `out`, killed after 3 steps and resumed to its end; returns `out`.
 /// A run stopped (for memory, say) resumes with the settings that change how a step runs
 /// (recompute, the replay's pieces, the evaluation's batch) and trains to what it would have
 /// trained; a resume that changes what the run trains or its data's order (the learning rate,
@@ -1476,6 +1475,7 @@ fn a_resume_may_change_how_a_step_runs_not_what_it_trains() {
     assert_eq!(RunConfig::parse(&saved, &[]).unwrap(), changed);
 }
 
+/// `cfg` run into `out`, killed after 3 steps and resumed to its end; returns `out`.
 fn resumed_after_3_steps(cfg: &RunConfig, out: &Path) -> PathBuf {
     let stop = TrainOptions {
         stop_after: Some(3),
