@@ -51,8 +51,9 @@ pub(crate) const SCORE_BLOCK: usize = 1 << 26;
 /// forward and backward 1.67 s per layer, 3 to 6 blocks 0.81–0.87 s (docs/results.md). A GPU,
 /// which runs these blocks, pays its host about 23 launches a block a layer in a training step
 /// (the first pass, the replay, the backward; llvmpipe at hidden 512): 4 blocks compute 62.5 %
-/// of the square where 6 computed 58 %, for a third fewer of the blocks' launches; at the 4B a quarter of 2048 rows is also the most
-/// [`SCORE_BLOCK`] allows (docs/results.md, "Four attention blocks on a GPU").
+/// of the square where 6 computed 58 %, for a third fewer of the blocks' launches; at the 4B a
+/// quarter of 2048 rows is also the most [`SCORE_BLOCK`] allows (docs/results.md, "Four
+/// attention blocks on a GPU").
 const CAUSAL_BLOCKS: usize = 4;
 /// Fewer query rows than this per block cost more in per-block work than the skip saves.
 const MIN_ROWS: usize = 128;

@@ -257,9 +257,11 @@ pub(crate) fn gpu_failure(
     use crate::model::backend::GpuFailure;
     let on = crate::model::backend::wgpu_adapter()
         .map_or_else(String::new, |a| format!(" ({})", a.short()));
-    let planned = crate::plan::architecture(cfg)
-        .map(|arch| gib(crate::plan::plan(cfg, &arch).total))
-        .unwrap_or_else(|_| "an unknown amount".into());
+    let arch = crate::plan::architecture(cfg).ok();
+    let planned = arch.as_ref().map_or_else(
+        || "an unknown amount".into(),
+        |arch| gib(crate::plan::plan(cfg, arch).total),
+    );
     let memory = match crate::plan::device_limit(cfg.train.backend, device) {
         Ok(Some(dev)) => format!("the device has {} ({})", gib(dev.bytes), dev.what),
         _ => "the device does not report its memory (set DECISION_DEVICE_MEMORY=GiB to have the \
@@ -274,9 +276,9 @@ pub(crate) fn gpu_failure(
             if !cfg.train.recompute {
                 resumable.push("--set train.recompute=true".to_string());
             }
-            let smaller = crate::plan::architecture(cfg)
-                .ok()
-                .and_then(|arch| crate::plan::smaller_replay_pieces(cfg, &arch));
+            let smaller = arch
+                .as_ref()
+                .and_then(|arch| crate::plan::smaller_replay_pieces(cfg, arch));
             if let Some((mib, total)) = smaller {
                 resumable.push(format!(
                     "--set train.replay_piece_mib={mib} (now {}: the replay's second half in \
