@@ -19,6 +19,7 @@ mod checkpoint;
 pub mod cli;
 pub mod data_order;
 pub mod eval;
+mod finish_by_hand;
 mod loss;
 mod metrics;
 mod micro_batch;

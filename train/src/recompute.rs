@@ -39,7 +39,7 @@ use crate::model::flash;
 use crate::model::qwen3::{
     Batch, DecoderLayer, GPU_LENGTH_MULTIPLE, LayerInputs, Qwen3, whole_multiple_rows,
 };
-use crate::replay;
+use crate::{finish_by_hand, replay};
 
 /// At most this many attention scores in one block (`b · heads · chunk · s`): 64 Mi f32 values,
 /// 256 MiB per block.
@@ -114,7 +114,10 @@ pub(crate) fn loss_and_grads(
     let replay = if matches!(core, CoreKind::Tiles) && !taped && replay::applies(model) {
         Replay::ByHand { keep_attention }
     } else {
-        Replay::Taped { finish_bytes }
+        Replay::Taped {
+            finish_bytes,
+            finish_by_hand: !taped && model.model.layers.iter().all(finish_by_hand::applies),
+        }
     };
     loss_and_grads_with(model, batch, head, core, replay, Keep::of(model), checks)
 }
@@ -195,9 +198,13 @@ impl Kept {
 /// ([`replay`]: LoRA on the CPU, with the attention core in tiles).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Replay {
-    /// Through the tape, with at most `finish_bytes` of the second half's tape alive at a time
-    /// ([`finish_pieces`]).
-    Taped { finish_bytes: usize },
+    /// Through the tape, with at most `finish_bytes` of the second half's tape (or of what its
+    /// replay by hand holds, the same tensors) alive at a time ([`finish_pieces`]); the second
+    /// half by hand where `finish_by_hand` ([`finish_by_hand`]: the base frozen).
+    Taped {
+        finish_bytes: usize,
+        finish_by_hand: bool,
+    },
     /// By hand, reusing the first pass's attention where `keep_attention`.
     ByHand { keep_attention: bool },
 }
@@ -397,6 +404,37 @@ fn finish_backward(
     (Tensor::cat(g_heads, 2), Tensor::cat(g_x, 1))
 }
 
+/// [`finish_backward`] by hand ([`finish_by_hand`]), in the same pieces.
+fn finish_backward_by_hand(
+    model: &Qwen3,
+    layer: &DecoderLayer,
+    (x, heads): (Tensor<3>, &Tensor<4>),
+    g: Tensor<3>,
+    rows: usize,
+    acc: &mut GradientsAccumulator<Qwen3>,
+) -> (Tensor<4>, Tensor<3>) {
+    let s = x.dims()[1];
+    let (mut g_heads, mut g_x) = (Vec::new(), Vec::new());
+    for r0 in (0..s).step_by(rows.max(1)) {
+        let r = rows.min(s - r0);
+        let mut grads = GradientsParams::new();
+        let (gh, gx) = finish_by_hand::finish_backward(
+            layer,
+            x.clone().narrow(1, r0, r),
+            heads.clone().narrow(2, r0, r),
+            g.clone().narrow(1, r0, r),
+            &mut grads,
+        );
+        g_heads.push(gh);
+        g_x.push(gx);
+        acc.accumulate(model, grads);
+    }
+    if g_x.len() == 1 {
+        return (g_heads.remove(0), g_x.remove(0));
+    }
+    (Tensor::cat(g_heads, 2), Tensor::cat(g_x, 1))
+}
+
 /// A root whose backward pass pushes the cotangents `dq`, `dk` and `dv` into the tensors `q`
 /// (`[b, heads, s, d]`), `k` and `v` (`[b, kv_heads, s, d]`) they belong to, as
 /// `Σ q ⊙ dq + Σ k ⊙ dk + Σ v ⊙ dv` would, without its three reductions of whole tensors: Burn
@@ -507,11 +545,19 @@ fn loss_and_grads_with(
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
         let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale, max.as_ref());
         // (x, heads) → layer output, taped, and g pushed through it, in pieces of tokens.
-        let Replay::Taped { finish_bytes } = replay else {
+        let Replay::Taped {
+            finish_bytes,
+            finish_by_hand,
+        } = replay
+        else {
             unreachable!("the replay by hand took every layer")
         };
         let rows = finish_rows(layer, batch.len(), batch.seq_len(), finish_bytes);
-        let (g_heads, g_xc) = finish_backward(model, layer, (x_in, &out), g, rows, &mut acc);
+        let (g_heads, g_xc) = if finish_by_hand {
+            finish_backward_by_hand(model, layer, (x_in, &out), g, rows, &mut acc)
+        } else {
+            finish_backward(model, layer, (x_in, &out), g, rows, &mut acc)
+        };
         // The attention core by hand, then (q, k, v)'s gradients through their tape.
         let (dq, dk, dv) = core.backward((&qp, &kp, &vp), (&out, &saved), &g_heads, scale);
         let mut grads = seeding_root((q, k, v), (dq, dk, dv)).backward();
@@ -576,10 +622,24 @@ mod tests {
     /// The taped replay as a run makes it.
     const TAPED: Replay = Replay::Taped {
         finish_bytes: FINISH_BUDGET,
+        finish_by_hand: false,
+    };
+    /// The taped replay with its second half by hand, as a GPU's LoRA run makes it.
+    const HAND_FINISH: Replay = Replay::Taped {
+        finish_bytes: FINISH_BUDGET,
+        finish_by_hand: true,
+    };
+    /// [`HAND_FINISH`] in [`IN_PIECES`]' pieces.
+    const HAND_FINISH_IN_PIECES: Replay = Replay::Taped {
+        finish_bytes: 3000,
+        finish_by_hand: true,
     };
     /// The taped replay with the second half in pieces of 2 tokens (and a last of 1) of the
     /// 7-token batch: 736 bytes of tape a token at [`config`]'s widths, 10 304 in all.
-    const IN_PIECES: Replay = Replay::Taped { finish_bytes: 3000 };
+    const IN_PIECES: Replay = Replay::Taped {
+        finish_bytes: 3000,
+        finish_by_hand: false,
+    };
 
     #[test]
     fn the_second_half_replays_in_pieces_within_budget() {
@@ -679,6 +739,7 @@ mod tests {
                 .set_require_grad(true);
             // every weight of 3 layers (11 each), embedding, final norm, and the untied head
             assert!(!crate::replay::applies(&model), "the norms and bases train");
+            assert!(!model.model.layers.iter().any(finish_by_hand::applies));
             let n = assert_same_gradients(&model, CoreKind::Blocks(2), TAPED, Keep::Exact, F32_TOL);
             assert_eq!(n, 3 * 11 + 2 + usize::from(!tied));
             assert_same_gradients(&model, CoreKind::Blocks(64), TAPED, Keep::Exact, F32_TOL);
@@ -709,6 +770,8 @@ mod tests {
             for (core, replay) in [
                 (CoreKind::Blocks(3), TAPED),
                 (CoreKind::Blocks(3), IN_PIECES),
+                (CoreKind::Blocks(3), HAND_FINISH),
+                (CoreKind::Blocks(3), HAND_FINISH_IN_PIECES),
                 (CoreKind::Tiles, TAPED),
                 (CoreKind::Tiles, KEPT),
                 (CoreKind::Tiles, RECOMPUTED),
@@ -843,8 +906,10 @@ mod tests {
                 element: 1e-2,
             };
             for (core, tol) in [(CoreKind::Blocks(3), blocks), (CoreKind::Tiles, tiles)] {
-                let n = assert_same_gradients(&model, core, TAPED, Keep::Scaled, tol);
-                assert_eq!(n, 3 * 7 * 2);
+                for replay in [TAPED, HAND_FINISH] {
+                    let n = assert_same_gradients(&model, core, replay, Keep::Scaled, tol);
+                    assert_eq!(n, 3 * 7 * 2);
+                }
             }
         }
     }
@@ -892,7 +957,7 @@ mod tests {
             rel: 2e-3,
             element: 2e-2,
         };
-        for replay in [TAPED, KEPT, RECOMPUTED] {
+        for replay in [TAPED, HAND_FINISH, KEPT, RECOMPUTED] {
             let n = assert_same_gradients(&model, CoreKind::Tiles, replay, Keep::Exact, tol);
             assert_eq!(n, 3 * 7 * 2 + 1);
         }
