@@ -364,7 +364,9 @@ pub fn plan(cfg: &RunConfig, arch: &Qwen3Config) -> MemoryPlan {
     // (`crate::recompute::loss_and_grads`), so the plan counts the larger of the two. On
     // llvmpipe the memory Burn's pool reserved grew by less than that larger one when the tape
     // grew past the scores, far less than their sum (docs/results.md, "The replay's tape in the
-    // scores' place").
+    // scores' place"). Where that half replays by hand (`crate::finish_by_hand`: its base
+    // frozen) it holds the same tensors off the tape, in the same pieces; the reserved memory
+    // measured the same (docs/results.md, "The replay's second half by hand").
     let (replay_layer, finish_tape, replay_pieces) = if cfg.train.mode == Mode::Lora && !by_hand {
         use crate::recompute::{finish_bytes_per_token, finish_pieces};
         let dims = [h, qd, i].map(|n| n as usize);
