@@ -370,61 +370,35 @@ fn finish_rows(layer: &DecoderLayer, b: usize, s: usize, budget: usize) -> usize
 }
 
 /// The replay of `finish` ((x, heads) → the layer's output; each token's on its own) and `g`
-/// pushed back through it, `rows` tokens of each row at a time, so that one piece's tape is
-/// alive at once. Accumulates the layer's parameter gradients in `acc`; returns the gradients of
-/// the heads `[b, heads, s, d]` and of `x` `[b, s, hidden]`.
+/// pushed back through it, `rows` tokens of each row at a time, so that one piece's tape (or,
+/// `by_hand`, what [`finish_by_hand`] holds, the same tensors) is alive at once. Accumulates the
+/// layer's parameter gradients in `acc`; returns the gradients of the heads `[b, heads, s, d]`
+/// and of `x` `[b, s, hidden]`.
 fn finish_backward(
     model: &Qwen3,
     layer: &DecoderLayer,
     (x, heads): (Tensor<3>, &Tensor<4>),
     g: Tensor<3>,
-    rows: usize,
+    (rows, by_hand): (usize, bool),
     acc: &mut GradientsAccumulator<Qwen3>,
 ) -> (Tensor<4>, Tensor<3>) {
     let s = x.dims()[1];
     let (mut g_heads, mut g_x) = (Vec::new(), Vec::new());
     for r0 in (0..s).step_by(rows.max(1)) {
         let r = rows.min(s - r0);
-        let xc = x.clone().narrow(1, r0, r).autodiff().require_grad();
-        let hc = heads.clone().narrow(2, r0, r).autodiff().require_grad();
-        let y = layer.finish(xc.clone(), hc.clone(), None);
-        // Burn seeds a backward pass with ones of its root's shape, so `y ⊙ g` as the root pushes
-        // `g` into `y` as its sum would, without the sum's reduction of the whole piece.
-        let mut grads = (y * g.clone().narrow(1, r0, r)).backward();
-        g_heads.push(hc.grad_remove(&mut grads).expect("heads feed the output"));
-        g_x.push(
-            xc.grad_remove(&mut grads)
-                .expect("the residual feeds the output"),
-        );
-        acc.accumulate(model, GradientsParams::from_grads(grads, layer));
-    }
-    if g_x.len() == 1 {
-        return (g_heads.remove(0), g_x.remove(0));
-    }
-    (Tensor::cat(g_heads, 2), Tensor::cat(g_x, 1))
-}
-
-/// [`finish_backward`] by hand ([`finish_by_hand`]), in the same pieces.
-fn finish_backward_by_hand(
-    model: &Qwen3,
-    layer: &DecoderLayer,
-    (x, heads): (Tensor<3>, &Tensor<4>),
-    g: Tensor<3>,
-    rows: usize,
-    acc: &mut GradientsAccumulator<Qwen3>,
-) -> (Tensor<4>, Tensor<3>) {
-    let s = x.dims()[1];
-    let (mut g_heads, mut g_x) = (Vec::new(), Vec::new());
-    for r0 in (0..s).step_by(rows.max(1)) {
-        let r = rows.min(s - r0);
-        let mut grads = GradientsParams::new();
-        let (gh, gx) = finish_by_hand::finish_backward(
-            layer,
+        let piece = (
             x.clone().narrow(1, r0, r),
             heads.clone().narrow(2, r0, r),
             g.clone().narrow(1, r0, r),
-            &mut grads,
         );
+        let (gh, gx, grads) = if by_hand {
+            let mut grads = GradientsParams::new();
+            let (x, heads, g) = piece;
+            let (gh, gx) = finish_by_hand::finish_backward(layer, x, heads, g, &mut grads);
+            (gh, gx, grads)
+        } else {
+            finish_taped(layer, piece)
+        };
         g_heads.push(gh);
         g_x.push(gx);
         acc.accumulate(model, grads);
@@ -433,6 +407,27 @@ fn finish_backward_by_hand(
         return (g_heads.remove(0), g_x.remove(0));
     }
     (Tensor::cat(g_heads, 2), Tensor::cat(g_x, 1))
+}
+
+/// One piece of [`finish_backward`] through the tape: the gradients of the heads and of `x`,
+/// and the layer's parameter gradients.
+fn finish_taped(
+    layer: &DecoderLayer,
+    (x, heads, g): (Tensor<3>, Tensor<4>, Tensor<3>),
+) -> (Tensor<4>, Tensor<3>, GradientsParams) {
+    let x = x.autodiff().require_grad();
+    let heads = heads.autodiff().require_grad();
+    let y = layer.finish(x.clone(), heads.clone(), None);
+    // Burn seeds a backward pass with ones of its root's shape, so `y ⊙ g` as the root pushes
+    // `g` into `y` as its sum would, without the sum's reduction of the whole piece.
+    let mut grads = (y * g).backward();
+    let g_heads = heads
+        .grad_remove(&mut grads)
+        .expect("heads feed the output");
+    let g_x = x
+        .grad_remove(&mut grads)
+        .expect("the residual feeds the output");
+    (g_heads, g_x, GradientsParams::from_grads(grads, layer))
 }
 
 /// A root whose backward pass pushes the cotangents `dq`, `dk` and `dv` into the tensors `q`
@@ -553,11 +548,8 @@ fn loss_and_grads_with(
             unreachable!("the replay by hand took every layer")
         };
         let rows = finish_rows(layer, batch.len(), batch.seq_len(), finish_bytes);
-        let (g_heads, g_xc) = if finish_by_hand {
-            finish_backward_by_hand(model, layer, (x_in, &out), g, rows, &mut acc)
-        } else {
-            finish_backward(model, layer, (x_in, &out), g, rows, &mut acc)
-        };
+        let pieces = (rows, finish_by_hand);
+        let (g_heads, g_xc) = finish_backward(model, layer, (x_in, &out), g, pieces, &mut acc);
         // The attention core by hand, then (q, k, v)'s gradients through their tape.
         let (dq, dk, dv) = core.backward((&qp, &kp, &vp), (&out, &saved), &g_heads, scale);
         let mut grads = seeding_root((q, k, v), (dq, dk, dv)).backward();
