@@ -23,7 +23,9 @@
 //! so at most one `[b, heads, chunk, s]` block of scores (and its two gradient-sized siblings)
 //! is alive at a time. The layer is taped in two halves around the core, `x → (q, k, v)` and
 //! `(x, heads) → out`; the second, token by token as it is, in pieces of tokens
-//! ([`finish_pieces`]): a LoRA layer's intermediate-sized tensors are most of its tape.
+//! ([`finish_pieces`]): a LoRA layer's intermediate-sized tensors are most of its tape. Where
+//! only adapters train, that second half replays by hand instead ([`finish_by_hand`]), in the
+//! same pieces.
 //!
 //! The gradients equal those of the ordinary pass up to float rounding (tests in
 //! `trainer_tests.rs`). LoRA dropout is refused with recompute: the recomputed pass would draw
@@ -539,7 +541,8 @@ fn loss_and_grads_with(
         let (q, k, v) = layer.attention_inputs(xa.clone(), &inputs, None);
         let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().inner());
         let (out, saved) = core.forward_saving((&qp, &kp, &vp), scale, max.as_ref());
-        // (x, heads) → layer output, taped, and g pushed through it, in pieces of tokens.
+        // (x, heads) → layer output, taped or by hand, and g pushed through it, in pieces of
+        // tokens.
         let Replay::Taped {
             finish_bytes,
             finish_by_hand,
@@ -611,7 +614,7 @@ mod tests {
         }
     }
 
-    /// The taped replay as a run makes it.
+    /// The taped replay as full fine-tuning's run makes it (or `DECISION_REPLAY=taped`).
     const TAPED: Replay = Replay::Taped {
         finish_bytes: FINISH_BUDGET,
         finish_by_hand: false,
