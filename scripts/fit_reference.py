@@ -33,9 +33,10 @@ import pyarrow.parquet as pq
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
-VALIDATIONS = ["accepted", "rejected-out-of-set", "rejected-stale", "rejected-expired", "rejected-unauthorized"]
+VALIDATIONS = ["accepted", "rejected-out-of-set", "rejected-stale", "rejected-expired", "rejected-unauthorized",
+               "rejected-gate"]
 REJECT_KEYS = {"rejected-out-of-set": "out-of-set", "rejected-stale": "stale",
-               "rejected-expired": "expired", "rejected-unauthorized": "unauthorized"}
+               "rejected-expired": "expired", "rejected-unauthorized": "unauthorized", "rejected-gate": "gate"}
 OUTCOMES = ["success", "failure", "abandoned"]
 BUILTIN = dict(policy="bucket", target=0.95, bound="wilson", level=0.95, min_count=30, bucket_width=0.1)
 
@@ -75,8 +76,8 @@ def edges_of(width):
 
 # ----------------------------------------------------------------------------- reading
 
-COLUMNS = ["id", "at", "point", "candidates", "result_kind", "result_id", "confidence", "validation",
-           "fallback_used", "outcome_status", "outcome_duration_ms", "outcome_retries", "shadow_reference",
+COLUMNS = ["id", "at", "point", "model", "candidates", "result_kind", "result_id", "confidence", "validation",
+           "fallback_used", "fallback_reason", "outcome_status", "outcome_duration_ms", "outcome_retries", "shadow_reference",
            "observed_outcome"]
 
 
@@ -142,13 +143,22 @@ def read_receipts(path, success_patterns, failure_patterns):
     has_shadow = ~shadow.is_null().to_numpy(zero_copy_only=False)
     shadow_hit = pc.fill_null(pc.equal(rid, shadow), False).to_numpy(zero_copy_only=False)
     fallback = pc.fill_null(col("fallback_used"), False).to_numpy(zero_copy_only=False)
+    # the host's own route recorded as a pick (keel-integration.md, "Quirks"): keel's `backend: host`
+    # (its constant 0.75), or a fallback saying the selector abstained (a reason counts only where
+    # `fallback_used` is set: without it there is no fallback)
+    by_host_model = pc.fill_null(pc.equal(col("model"), "host"), False).to_numpy(zero_copy_only=False)
+    reasons = pd.Series(col("fallback_reason").to_pandas(), dtype=object)
+    said = reasons.map(lambda r: isinstance(r, str)
+                       and r.lstrip().replace("_", " ")[:18].lower() == "selector abstained").to_numpy(dtype=bool)
+    has_fallback = ~col("fallback_used").is_null().to_numpy(zero_copy_only=False)
+    host = pick & (by_host_model | (has_fallback & said))
 
     keep = ~bad
     df = pd.DataFrame({
         "point": col("point").to_pandas()[keep].reset_index(drop=True),
         "pick": pick[keep], "conf": conf[keep], "vcode": vcode[keep], "fallback": fallback[keep],
         "has_shadow": has_shadow[keep], "shadow_hit": shadow_hit[keep], "scode": scode[keep],
-        "unknown": unknown_text[keep],
+        "unknown": unknown_text[keep], "host": host[keep],
     })
     return df, n, int(bad.sum())
 
@@ -156,11 +166,12 @@ def read_receipts(path, success_patterns, failure_patterns):
 def categorise(df):
     """Each valid record in exactly one category (abstain, rejected, fallback, judged, abandoned,
     unknown, pending), and the success of the judged ones."""
-    accepted_pick = df["pick"] & (df["vcode"] == 0)
+    # the host's routes are fallbacks whatever their validation, and no accepted pick of the selector
+    accepted_pick = df["pick"] & ~df["host"] & (df["vcode"] == 0)
     judged_src = df["has_shadow"] | (df["scode"] == 0) | (df["scode"] == 1)
     cat = np.select(
-        [~df["pick"], df["vcode"] != 0, df["fallback"], judged_src, df["scode"] == 2, df["unknown"]],
-        ["abstain", "rejected", "fallback", "judged", "abandoned", "unknown"], default="pending")
+        [~df["pick"], df["host"], df["vcode"] != 0, df["fallback"], judged_src, df["scode"] == 2, df["unknown"]],
+        ["abstain", "fallback", "rejected", "fallback", "judged", "abandoned", "unknown"], default="pending")
     success = np.where(df["has_shadow"], df["shadow_hit"], df["scode"] == 0)
     df = df.assign(cat=cat, success=(cat == "judged") & success, accepted=accepted_pick)
     return df

@@ -56,15 +56,21 @@ pub enum Validation {
     /// keel's `unauthorized`.
     #[serde(rename = "rejected-unauthorized")]
     RejectedUnauthorized,
+    /// The host's own gates refused a pick it had offered: keel's `rejected` of an offered id
+    /// (its low-probability, low-confidence and ambiguity checks), where a `rejected` id that was
+    /// not offered is out of set.
+    #[serde(rename = "rejected-gate")]
+    RejectedGate,
 }
 
 impl Validation {
-    pub const ALL: [Validation; 5] = [
+    pub const ALL: [Validation; 6] = [
         Validation::Accepted,
         Validation::RejectedOutOfSet,
         Validation::RejectedStale,
         Validation::RejectedExpired,
         Validation::RejectedUnauthorized,
+        Validation::RejectedGate,
     ];
 
     /// The contract's spelling (`accepted`, `rejected-stale`, ...).
@@ -75,6 +81,7 @@ impl Validation {
             Validation::RejectedStale => "rejected-stale",
             Validation::RejectedExpired => "rejected-expired",
             Validation::RejectedUnauthorized => "rejected-unauthorized",
+            Validation::RejectedGate => "rejected-gate",
         }
     }
 
@@ -131,6 +138,36 @@ impl Receipt {
             ReceiptResult::Abstain => None,
         }
     }
+
+    /// True when the recorded pick is the host's own route, not a selector's
+    /// ([`host_scored`]): it counts as a fallback, never in a confidence bucket or in coverage.
+    pub fn host_scored(&self) -> bool {
+        matches!(self.result, ReceiptResult::Pick { .. })
+            && host_scored(
+                self.model.as_deref(),
+                self.fallback.as_ref().and_then(|f| f.reason.as_deref()),
+            )
+    }
+}
+
+/// keel's `backend` for a route the host scored itself, kept as the receipt's `model`.
+pub(crate) const HOST_BACKEND: &str = "host";
+
+/// Whether a pick recorded with this `model` and fallback reason is the host's own route rather
+/// than a selector's (keel-integration.md, "Quirks"): keel's `backend: host` receipts carry a
+/// `confidence` of 0.75 that keel puts on every host-scored route, not a model's; and where the
+/// selector abstained at intake, keel records the host's first route as `selected` with the
+/// fallback `Selector abstained; host scored the 0G catalog` (`selector_abstained` alike).
+pub(crate) fn host_scored(model: Option<&str>, fallback_reason: Option<&str>) -> bool {
+    model == Some(HOST_BACKEND) || fallback_reason.is_some_and(says_selector_abstained)
+}
+
+/// A fallback reason saying the selector abstained, in keel's words or its enum's.
+fn says_selector_abstained(reason: &str) -> bool {
+    let words = reason.trim_start().replace('_', " ");
+    words
+        .get(..18)
+        .is_some_and(|head| head.eq_ignore_ascii_case("selector abstained"))
 }
 
 impl OutcomeStatus {

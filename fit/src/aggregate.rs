@@ -37,6 +37,10 @@ pub struct Counts {
     pub rejected_stale: u64,
     pub rejected_expired: u64,
     pub rejected_unauthorized: u64,
+    /// Offered picks the host's own gates refused (keel's low probability, low confidence,
+    /// ambiguity).
+    pub rejected_gate: u64,
+    /// Fallbacks, with the host's own routes recorded as picks (`Receipt::host_scored`).
     pub fallback: u64,
     pub abandoned: u64,
     pub unknown: u64,
@@ -53,6 +57,7 @@ impl Counts {
         self.rejected_stale += o.rejected_stale;
         self.rejected_expired += o.rejected_expired;
         self.rejected_unauthorized += o.rejected_unauthorized;
+        self.rejected_gate += o.rejected_gate;
         self.fallback += o.fallback;
         self.abandoned += o.abandoned;
         self.unknown += o.unknown;
@@ -73,6 +78,7 @@ impl Counts {
                 + self.rejected_stale
                 + self.rejected_expired
                 + self.rejected_unauthorized
+                + self.rejected_gate
                 == self.rejected
     }
 }
@@ -160,6 +166,12 @@ impl PointAgg {
             bump(&mut c.abstain, w);
             return;
         };
+        // the host's own route: its confidence is not a selector's, so it enters no bucket and
+        // no coverage, whatever keel's validation says
+        if f.host_scored {
+            bump(&mut c.fallback, w);
+            return;
+        }
         match f.validation {
             Validation::Accepted => {}
             reason => {
@@ -170,6 +182,7 @@ impl PointAgg {
                         Validation::RejectedStale => &mut c.rejected_stale,
                         Validation::RejectedExpired => &mut c.rejected_expired,
                         Validation::RejectedUnauthorized => &mut c.rejected_unauthorized,
+                        Validation::RejectedGate => &mut c.rejected_gate,
                         Validation::Accepted => unreachable!(),
                     },
                     w,

@@ -7,8 +7,9 @@
 //! * `stop`: rare (too few judged records: insufficient data).
 //!
 //! Around them the harness's other endings: abstentions, rejections of each kind (an
-//! out-of-set rejection names an id that was not offered), fallbacks (some with success
-//! outcomes), pending and abandoned outcomes, shadow-mode records judged against a reference,
+//! out-of-set rejection names an id that was not offered; a gate rejection an offered one),
+//! fallbacks (some with success outcomes; at `route`, keel's intake quirk), routes the host
+//! scored itself (keel's `backend: host`, confidence 0.75), pending and abandoned outcomes, shadow-mode records judged against a reference,
 //! free-text outcomes, and, on request, a share of bad records (a confidence above 1, or a pick
 //! that was not offered yet accepted). About a third of the confidences are rounded to two
 //! decimals, as rounded model probabilities are, so exact bucket edges (0.0, 0.3, 1.0, ...)
@@ -86,10 +87,11 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         at: at_of(i),
         point: point.to_string(),
         model: Some(
-            if rng.random::<f64>() < 0.8 {
-                "laya"
-            } else {
-                "jev"
+            match rng.random::<f64>() {
+                u if u < 0.78 => "laya",
+                u if u < 0.98 => "jev",
+                // a route the host scored itself (keel's `backend: host`)
+                _ => "host",
             }
             .to_string(),
         ),
@@ -105,6 +107,13 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         observed_outcome: None,
     };
 
+    if r.host_scored() {
+        // keel's constant on every host-scored route, not a model's confidence
+        r.result = ReceiptResult::Pick {
+            id: format!("{point}-{pick}"),
+            confidence: 0.75,
+        };
+    }
     let v: f64 = rng.random();
     if v < 0.04 {
         r.result = ReceiptResult::Abstain;
@@ -118,7 +127,7 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         return maybe_bad(rng, r, bad_share);
     }
     if v < 0.07 {
-        r.validation = match rng.random_range(0..4) {
+        r.validation = match rng.random_range(0..5) {
             0 => {
                 r.result = ReceiptResult::Pick {
                     id: format!("{point}-ghost"),
@@ -128,7 +137,9 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
             }
             1 => Validation::RejectedStale,
             2 => Validation::RejectedExpired,
-            _ => Validation::RejectedUnauthorized,
+            3 => Validation::RejectedUnauthorized,
+            // the host's own gates refused an offered pick
+            _ => Validation::RejectedGate,
         };
         return maybe_bad(rng, r, bad_share);
     }
@@ -163,10 +174,17 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         });
         if rng.random::<f64>() < 0.05 {
             // the host fell back after accepting; often the fallback then succeeded
+            // at `route`, keel's intake quirk: the selector abstained and the host's own route
+            // was recorded as the pick
+            let reason = if point == "route" {
+                "Selector abstained; host scored the 0G catalog"
+            } else {
+                "provider auth failed"
+            };
             r.fallback = Some(Fallback {
                 used: true,
                 to: Some(r.candidates[0].clone()),
-                reason: Some("provider auth failed".into()),
+                reason: Some(reason.into()),
             });
             if rng.random::<f64>() < 0.8 {
                 r.outcome = Some(Outcome {

@@ -151,6 +151,7 @@ pub fn fit_point(agg: &PointAgg, policy: &PointPolicy) -> PointFit {
             ("stale", ratio(c.rejected_stale, v)),
             ("expired", ratio(c.rejected_expired, v)),
             ("unauthorized", ratio(c.rejected_unauthorized, v)),
+            ("gate", ratio(c.rejected_gate, v)),
         ]
         .into(),
         fallback: ratio(c.fallback, v),

@@ -131,6 +131,15 @@ fn keel_export_lines_fit_against_a_hand_count() {
                    "observedOutcome": ok(1)}),
             Some("verify"),
         ),
+        // keel rejected an id it had offered: its gates, not out of set
+        export_line(
+            "p15",
+            "preStep",
+            json!({"result": {"kind": "selected", "candidate_id": "implement"},
+                   "selectedProbability": 0.45, "validation": "rejected",
+                   "fallback": "Ambiguous"}),
+            None,
+        ),
         // intake: the quirk (the host's route recorded as selected) is a fallback, whatever
         // the label says
         export_line(
@@ -141,6 +150,23 @@ fn keel_export_lines_fit_against_a_hand_count() {
                    "fallback": "Selector abstained; host scored the 0G catalog",
                    "observedOutcome": "0G scheduled mode model=a strategy=fast trust=high"}),
             Some("r1"),
+        ),
+        // the same quirk from the selector's backend, and a route keel's host scored (its
+        // constant 0.75): the host's routes, fallbacks, in no bucket, whatever the labels say
+        export_line(
+            "i5",
+            "intake",
+            json!({"candidates": routes, "result": {"kind": "selected", "candidate_id": "r1"},
+                   "selectedProbability": 0.95,
+                   "fallback": "Selector abstained; host scored the 0G catalog"}),
+            Some("r1"),
+        ),
+        export_line(
+            "i6",
+            "intake",
+            json!({"backend": "host", "candidates": routes,
+                   "result": {"kind": "selected", "candidate_id": "r2"}, "confidence": 0.75}),
+            Some("r2"),
         ),
         // a routing text says nothing; a label judges
         export_line(
@@ -191,16 +217,18 @@ fn keel_export_lines_fit_against_a_hand_count() {
     })
     .unwrap();
     let t = &got.thresholds;
-    assert_eq!((t.source.records, t.source.bad), (19, 2));
+    assert_eq!((t.source.records, t.source.bad), (22, 2));
 
     let p = &t.points["pre_step"];
-    assert_eq!(p.records, 14);
+    assert_eq!(p.records, 15);
     // judged: p1 s, p2 f, p3 s (label), p4 f (label), p10 f, p11 s
     assert_eq!(p.judged, 6);
     assert_eq!(p.counts.unknown, 4, "p5 p6 p7 p8");
     assert_eq!(p.counts.pending, 1, "p9");
     assert_eq!(p.counts.abstain, 1, "p12");
     assert_eq!(p.counts.rejected_out_of_set, 1, "p13");
+    assert_eq!(p.counts.rejected_gate, 1, "p15");
+    assert_eq!(p.rates.rejected_by["gate"], 1.0 / 15.0);
     assert_eq!(
         p.counts.fallback, 1,
         "p14: keel's gate, not a selector success"
@@ -217,15 +245,26 @@ fn keel_export_lines_fit_against_a_hand_count() {
     assert_eq!(p.status, Status::Fitted);
     assert_eq!(p.threshold, Some(0.9));
     assert!((p.success_above.unwrap() - 2.0 / 3.0).abs() < 1e-12);
-    // accepted picks at or above 0.9 (p1 p2 p3 and the fallen-back p14) over 14 records
-    assert!((p.coverage - 4.0 / 14.0).abs() < 1e-12, "{}", p.coverage);
+    // accepted picks at or above 0.9 (p1 p2 p3 and the fallen-back p14) over 15 records
+    assert!((p.coverage - 4.0 / 15.0).abs() < 1e-12, "{}", p.coverage);
 
     let i = &t.points["intake"];
-    assert_eq!(i.records, 3);
-    assert_eq!(i.counts.fallback, 1, "the intake quirk");
+    assert_eq!(i.records, 5);
+    assert_eq!(
+        i.counts.fallback, 3,
+        "the intake quirk (i1, i5) and the host's route (i6)"
+    );
     assert_eq!(i.counts.unknown, 1, "a routing text");
     assert_eq!(i.judged, 1, "i3, by its label");
     assert_eq!(i.threshold, Some(0.9));
+    // the selector's accepted picks at or above 0.9 (i2, i3), not the host's i5 at 0.95
+    assert!((i.coverage - 2.0 / 5.0).abs() < 1e-12, "{}", i.coverage);
+    // keel's constant 0.75 on the host's route fills no bucket
+    assert!(
+        i.buckets.iter().all(|b| (b.lo - 0.7).abs() > 1e-9),
+        "{:?}",
+        i.buckets
+    );
 
     let errors = fs::read_to_string(d.path().join("t.quarantine.errors.jsonl")).unwrap();
     assert!(

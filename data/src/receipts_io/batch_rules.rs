@@ -24,6 +24,7 @@ use super::OutcomePatterns;
 use super::columns::{AtCol, BoolCol, Coded, F64Col, IntCol, ListCol, StrCol};
 use super::rules::{plainly_rfc3339, valid_point};
 use super::scan::Facts;
+use crate::receipt::host_scored;
 use crate::{OutcomeStatus, Validation};
 
 /// No entry in a table (a value that is not a valid name, not among the candidates, …).
@@ -64,6 +65,12 @@ pub(super) struct BatchRules<'a> {
     validation: Coded<'a>,
     validation_of: Vec<Option<Validation>>,
     fallback_used: BoolCol<'a>,
+    model: Coded<'a>,
+    /// Per `model` value, whether it names the host ([`crate::receipt::host_scored`]).
+    model_is_host: Vec<bool>,
+    fallback_reason: Coded<'a>,
+    /// Per `fallback_reason` value, whether it says the selector abstained.
+    reason_is_abstention: Vec<bool>,
     status: Coded<'a>,
     /// Per `outcome_status` value; `None` for an unknown one.
     status_of: Vec<Option<OutcomeStatus>>,
@@ -161,6 +168,14 @@ impl<'a> BatchRules<'a> {
             .iter()
             .map(|v| v.and_then(Validation::parse))
             .collect();
+        let model = coded("model")?;
+        let model_is_host = model.values.iter().map(|&v| host_scored(v, None)).collect();
+        let fallback_reason = coded("fallback_reason")?;
+        let reason_is_abstention = fallback_reason
+            .values
+            .iter()
+            .map(|&v| v.is_some_and(|r| host_scored(None, Some(r))))
+            .collect();
         let status = coded("outcome_status")?;
         let status_of = status
             .values
@@ -193,6 +208,10 @@ impl<'a> BatchRules<'a> {
             validation,
             validation_of,
             fallback_used: BoolCol::new(c("fallback_used"), "fallback_used", file)?,
+            model,
+            model_is_host,
+            fallback_reason,
+            reason_is_abstention,
             status,
             status_of,
             duration_ms: IntCol::new(c("outcome_duration_ms"), "outcome_duration_ms", file)?,
@@ -293,12 +312,22 @@ impl<'a> BatchRules<'a> {
             .shadow
             .key(i)
             .map(|sk| pick.is_some_and(|(rk, _)| self.pick_canon[rk] == self.shadow_pick[sk]));
+        // as `Receipt::host_scored`: a pick by the host's model, or whose fallback (read only
+        // where `fallback_used` is set, as the row-wise rules build it) says the selector abstained
+        let host_scored = pick.is_some()
+            && (self.model.key(i).is_some_and(|k| self.model_is_host[k])
+                || (self.fallback_used.get(i).is_some()
+                    && self
+                        .fallback_reason
+                        .key(i)
+                        .is_some_and(|k| self.reason_is_abstention[k])));
         Some((
             slot,
             Facts {
                 confidence: pick.map(|(_, c)| c),
                 validation,
                 fallback_used: self.fallback_used.get(i) == Some(true),
+                host_scored,
                 shadow_match,
                 outcome: outcome.or_else(|| observed.and_then(|k| self.observed_of[k])),
                 observed: observed.is_some(),

@@ -159,6 +159,7 @@ fn random_rows(n: usize, seed: u64) -> Vec<Raw> {
                     (6, s("rejected-stale")),
                     (6, s("rejected-expired")),
                     (5, s("rejected-unauthorized")),
+                    (4, s("rejected-gate")),
                     (3, s("maybe")),
                     (3, None),
                 ],
@@ -167,8 +168,17 @@ fn random_rows(n: usize, seed: u64) -> Vec<Raw> {
             let fallback_used = *pick(&mut rng, &[(70, None), (15, Some(true)), (15, Some(false))]);
             let fallback_to =
                 fallback_used.and_then(|_| pick(&mut rng, &[(1, s("x")), (1, None)]).clone());
-            let fallback_reason = fallback_used
-                .and_then(|_| pick(&mut rng, &[(1, s("auth failed")), (1, None)]).clone());
+            let fallback_reason = pick(
+                &mut rng,
+                &[
+                    (4, s("auth failed")),
+                    (2, s("Selector abstained; host scored the 0G catalog")),
+                    (1, s("selector_abstained")),
+                    (4, None),
+                ],
+            )
+            .clone();
+            // a reason without `fallback_used` is no fallback (the row-wise rules build none)
             let status = pick(
                 &mut rng,
                 &[
@@ -205,7 +215,11 @@ fn random_rows(n: usize, seed: u64) -> Vec<Raw> {
                 ],
             )
             .clone();
-            let model = pick(&mut rng, &[(1, s("laya")), (1, s("jev")), (1, None)]).clone();
+            let model = pick(
+                &mut rng,
+                &[(3, s("laya")), (3, s("jev")), (2, s("host")), (3, None)],
+            )
+            .clone();
             Raw {
                 id,
                 at,
@@ -420,12 +434,20 @@ fn the_column_wise_rules_accept_only_what_the_row_wise_rules_accept() {
         let cols = Cols::new(&batch, path).unwrap();
         let (mut r, mut buf) = (empty_receipt(), String::new());
         let (mut good, mut fast, mut left, mut bad) = (0, 0, 0, 0);
+        let (mut by_model, mut by_reason) = (0, 0);
         for (i, row) in rows.iter().enumerate() {
             let slow = fill(&cols, i, &mut r, &mut buf, &patterns);
             match (rules.eval(i), slow) {
                 (Some((p, facts)), Ok(())) => {
                     assert_eq!(rules.points[p as usize], r.point, "{enc:?} row {i}");
                     assert_eq!(facts, Facts::of(&r), "{enc:?} row {i}: {row:?}");
+                    if facts.host_scored {
+                        if r.model.as_deref() == Some("host") {
+                            by_model += 1;
+                        } else {
+                            by_reason += 1;
+                        }
+                    }
                     good += 1;
                     fast += 1;
                 }
@@ -456,6 +478,11 @@ fn the_column_wise_rules_accept_only_what_the_row_wise_rules_accept() {
         assert!(
             fast > good * 9 / 10 && bad > 1000,
             "{enc:?}: {fast} of {good} good rows accepted column-wise, {bad} bad"
+        );
+        // both of the host's marks are met, each on its own, among the rows read column-wise
+        assert!(
+            by_model > 50 && by_reason > 50,
+            "{enc:?}: host-scored picks by model {by_model}, by fallback reason {by_reason}"
         );
     }
 }

@@ -316,7 +316,9 @@ pub fn keel_stage_to_point(stage: &str) -> Option<&'static str> {
     })
 }
 
-/// keel's `validation` → ours.
+/// keel's `validation` → ours. keel's `rejected` is read here as out of set; [`keel`] makes it
+/// `rejected-gate` where the rejected pick was among the candidates (keel rejects an offered id
+/// only by its gates: low probability, low confidence, ambiguity).
 pub fn keel_validation(v: &str) -> Option<Validation> {
     Some(match v {
         "accepted" => Validation::Accepted,
@@ -389,7 +391,7 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
     };
 
     let v: String = req(raw.validation, "validation", "a string")?;
-    let Some(validation) = keel_validation(&v) else {
+    let Some(mut validation) = keel_validation(&v) else {
         return err(
             "validation",
             format!(
@@ -397,6 +399,12 @@ fn keel(raw: &RawLine<'_>, patterns: &OutcomePatterns) -> Result<Receipt, FieldE
             ),
         );
     };
+    if validation == Validation::RejectedOutOfSet
+        && let ReceiptResult::Pick { id, .. } = &result
+        && candidates.contains(id)
+    {
+        validation = Validation::RejectedGate;
+    }
 
     let fallback =
         opt::<String>(raw.fallback, "fallback", "a reason string")?.map(|reason| Fallback {

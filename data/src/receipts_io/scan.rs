@@ -43,6 +43,8 @@ pub struct Facts {
     pub confidence: Option<f64>,
     pub validation: Validation,
     pub fallback_used: bool,
+    /// The pick is the host's own route, not a selector's ([`Receipt::host_scored`]).
+    pub host_scored: bool,
     /// With a shadow reference: whether the pick equals it.
     pub shadow_match: Option<bool>,
     pub outcome: Option<OutcomeStatus>,
@@ -60,6 +62,7 @@ impl Facts {
             confidence: pick.map(|(_, c)| c),
             validation: r.validation,
             fallback_used: r.fallback_used(),
+            host_scored: r.host_scored(),
             shadow_match: r
                 .shadow
                 .as_ref()
