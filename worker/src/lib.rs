@@ -155,11 +155,7 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
         model_ms: t1.elapsed().as_secs_f64() * 1000.0,
     });
     let pick = decision_data::stats::first_max(&probs);
-    let escalated = match threshold {
-        None => Some("no-threshold"),
-        Some(t) if probs[pick] < t => Some("below-threshold"),
-        Some(_) => None,
-    };
+    let escalated = escalation(threshold, probs[pick]);
     let reply = if escalated.is_some() {
         Decision::escalate(&ids, &probs)
     } else {
@@ -180,6 +176,17 @@ pub fn decide(bundle: &Bundle, opts: &ServeOptions, req: &Request) -> Answer {
         Err(why) => Answer::Inference {
             reason: format!("the reply would fail keel's checks: {why}"),
         },
+    }
+}
+
+/// Why a pick of probability `p` escalates under the point's `threshold`, or `None` to take it:
+/// at or above the threshold the harness takes the pick (contracts section 4, as `fit` counts
+/// coverage: `confidence >= threshold`); a point without one never auto-accepts.
+fn escalation(threshold: Option<f64>, p: f64) -> Option<&'static str> {
+    match threshold {
+        None => Some("no-threshold"),
+        Some(t) if p < t => Some("below-threshold"),
+        Some(_) => None,
     }
 }
 
@@ -386,5 +393,19 @@ mod tests {
         assert_eq!(read_bounded(&mut r, 5).unwrap(), Some(Err(10)));
         assert_eq!(read_bounded(&mut r, 5).unwrap(), Some(Ok(b"cd".to_vec())));
         assert_eq!(read_bounded(&mut r, 5).unwrap(), None);
+    }
+
+    /// The gate takes a pick exactly at the threshold (`>=`, as `fit` fits it), and escalates
+    /// the next float below it and every pick of a point without a threshold.
+    #[test]
+    fn a_pick_at_the_threshold_is_taken() {
+        let t = 0.7753663703573985;
+        assert_eq!(escalation(Some(t), t), None);
+        assert_eq!(escalation(Some(t), 1.0), None);
+        assert_eq!(
+            escalation(Some(t), f64::from_bits(t.to_bits() - 1)),
+            Some("below-threshold")
+        );
+        assert_eq!(escalation(None, 1.0), Some("no-threshold"));
     }
 }
