@@ -9,7 +9,7 @@
 //! - `adapter/`: a PEFT LoRA adapter whose keys fit the model's config;
 //! - `model.onnx`: decodes, has the contract interface, the opset the manifest says, external data
 //!   that stays inside the bundle and within its file, and the manifest's parameter count;
-//! - `probes.json` (every bundle with `model.onnx`): the probe states, as tokens, with the
+//! - `probes.jsonl` (every bundle with `model.onnx`): the probe states, as tokens, with the
 //!   export's reference answers; `model.onnx` runs on each again, in tract as the export's parity
 //!   gate ran it, and must reproduce them within the gate's tolerance (so rewritten weights fail
 //!   even when the manifest's hashes and claims were rewritten to match). The probes must include

@@ -244,7 +244,7 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
             "coreml_config.json",
             "decision.json",
             "model.onnx",
-            "probes.json",
+            "probes.jsonl",
             "thresholds.json",
             "tokenizer.json"
         ]

@@ -1,5 +1,5 @@
 //! `bundle verify` runs the bundle's own model on the probe states the export stored
-//! (`probes.json`) and holds it to the recorded answers: a bundle whose weights were rewritten
+//! (`probes.jsonl`) and holds it to the recorded answers: a bundle whose weights were rewritten
 //! fails even when its manifest's hashes and parity claims were rewritten to match.
 
 use std::path::Path;
@@ -64,7 +64,7 @@ fn assert_only_the_probes_caught_it(bundle: &Path) {
     let v = verify(bundle);
     assert!(!v.ok(), "a rewritten model verified");
     assert!(
-        v.problems.iter().all(|p| p.starts_with("probes.json: ")),
+        v.problems.iter().all(|p| p.starts_with("probes.jsonl: ")),
         "{:?}",
         v.problems
     );
@@ -86,8 +86,13 @@ fn verify_reruns_the_probes_and_catches_weights_rewritten_with_their_hashes() {
     assert!(v.ok(), "{:?}", v.problems);
 
     // The probes reach the widest decision the model takes (the tiny model's default 26).
-    let probes: ProbeFile =
-        serde_json::from_str(&std::fs::read_to_string(out.join(PROBES_FILE)).unwrap()).unwrap();
+    // JSON Lines: a header line, then a probe a line
+    let bytes = std::fs::read(out.join(PROBES_FILE)).unwrap();
+    let probes = ProbeFile::parse(&bytes).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    assert_eq!(text.lines().count(), 1 + probes.probes.len());
+    let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(header["schema"], "decision-probes/1");
     let spec: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("decision.json")).unwrap()).unwrap();
     let max_options = spec["max_options"].as_u64().unwrap() as usize;
@@ -122,15 +127,28 @@ fn verify_reruns_the_probes_and_catches_weights_rewritten_with_their_hashes() {
     let probes_path = out.join(PROBES_FILE);
     let mut narrow = probes.clone();
     narrow.probes.retain(|p| p.option_token_ids.len() <= 6);
-    std::fs::write(&probes_path, serde_json::to_vec(&narrow).unwrap()).unwrap();
+    std::fs::write(&probes_path, narrow.to_jsonl().unwrap()).unwrap();
     rehash(&out, PROBES_FILE);
     let v = verify(&out);
     assert_eq!(
         v.problems,
         [format!(
-            "probes.json: the widest probe has 6 options; decision.json's max_options is \
+            "probes.jsonl: the widest probe has 6 options; decision.json's max_options is \
              {max_options}"
         )]
+    );
+
+    // A line that is not a probe is named.
+    let mut torn = narrow.to_jsonl().unwrap();
+    torn.extend_from_slice(b"{\"id\": \"probe-x\"\n");
+    std::fs::write(&probes_path, &torn).unwrap();
+    rehash(&out, PROBES_FILE);
+    let v = verify(&out);
+    let last = 2 + narrow.probes.len();
+    assert!(
+        v.problems.len() == 1 && v.problems[0].contains(&format!("line {last}: not a probe")),
+        "{:?}",
+        v.problems
     );
 
     // No probes at all (file and manifest entry gone): refused, not skipped.
@@ -145,7 +163,7 @@ fn verify_reruns_the_probes_and_catches_weights_rewritten_with_their_hashes() {
     let v = verify(&out);
     assert_eq!(v.problems.len(), 1, "{:?}", v.problems);
     assert!(
-        v.problems[0].starts_with("probes.json: missing"),
+        v.problems[0].starts_with("probes.jsonl: missing"),
         "{:?}",
         v.problems
     );

@@ -35,7 +35,7 @@ pub(crate) fn export(
     )?;
     report.ensure()?;
     // What bundle verify will run again: written, and run here first.
-    decision_data::atomic::write_json_atomic(dir.join(PROBES_FILE), probes)?;
+    decision_data::atomic::write_atomic(dir.join(PROBES_FILE), &probes.to_jsonl()?)?;
     let (probed, probe_dp) = probes::check(dir, &candidate, dtype, max_options)?;
     let lines = vec![
         format!(

@@ -1,7 +1,11 @@
-//! `probes.json`: the probe states ([`crate::samples::probes`]) as tokens, with the export's
-//! reference answers. Every bundle with `model.onnx` holds it; the export runs the written model
-//! on it ([`check`]) and `bundle verify` runs it again, so rewritten weights fail even when the
-//! manifest's hashes and claims were rewritten to match.
+//! `probes.jsonl` (contracts section 5): the probe states ([`crate::samples::probes`]) as tokens,
+//! with the export's reference answers. Every bundle with `model.onnx` holds it; the export runs
+//! the written model on it ([`check`]) and `bundle verify` runs it again, so rewritten weights
+//! fail even when the manifest's hashes and claims were rewritten to match.
+//!
+//! JSON Lines: the first line is the header, `{"schema": "decision-probes/1", "reference": …}`;
+//! each further line is one probe (`id`, `input_ids`, `attention_mask`, `option_token_ids`, and
+//! the recorded `probs`, `option_logits` and their `temperature`).
 
 use std::path::Path;
 
@@ -18,16 +22,64 @@ use crate::source::BurnScorer;
 
 /// The bundle file holding the probe states, as tokens, with the export's reference answers:
 /// `bundle verify` runs them through the bundle's model again (see [`super::verify`]).
-pub const PROBES_FILE: &str = "probes.json";
+pub const PROBES_FILE: &str = "probes.jsonl";
 pub(crate) const PROBES_SCHEMA: &str = "decision-probes/1";
 
-/// `probes.json`: one batch-1 sample per probe state ([`probes`]), named by the state's id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `probes.jsonl`: one batch-1 sample per probe state ([`probes`]), named by the state's id.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProbeFile {
     pub schema: String,
     /// What computed the recorded answers (the export's reference forward pass).
     pub reference: String,
     pub probes: Vec<CheckSample>,
+}
+
+/// The file's first line.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    schema: String,
+    reference: String,
+}
+
+impl ProbeFile {
+    /// The file's bytes: the header line, then a line per probe.
+    pub fn to_jsonl(&self) -> Result<Vec<u8>> {
+        let mut out = serde_json::to_vec(&Header {
+            schema: self.schema.clone(),
+            reference: self.reference.clone(),
+        })?;
+        out.push(b'\n');
+        for p in &self.probes {
+            serde_json::to_writer(&mut out, p)?;
+            out.push(b'\n');
+        }
+        Ok(out)
+    }
+
+    /// Read the file's bytes; an error names the line (1-based) that is not what it should be.
+    pub fn parse(bytes: &[u8]) -> Result<ProbeFile> {
+        let text = std::str::from_utf8(bytes).context("not UTF-8")?;
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((_, first)) = lines.next() else {
+            bail!("empty: no header line");
+        };
+        let header: Header = serde_json::from_str(first)
+            .context("line 1: not a header {\"schema\", \"reference\"}")?;
+        let probes = lines
+            .map(|(i, line)| {
+                serde_json::from_str(line).with_context(|| format!("line {}: not a probe", i + 1))
+            })
+            .collect::<Result<_>>()?;
+        Ok(ProbeFile {
+            schema: header.schema,
+            reference: header.reference,
+            probes,
+        })
+    }
 }
 
 /// Score the probe states of `model` (its points, up to its `max_options`) with the reference
@@ -83,7 +135,7 @@ struct Recorded<'a>(&'a crate::coreml::check::CheckSample);
 
 impl Scorer for Recorded<'_> {
     fn describe(&self) -> String {
-        "the answers recorded in probes.json".into()
+        format!("the answers recorded in {PROBES_FILE}")
     }
     fn score(&self, _: &Batch) -> Result<Scores> {
         Ok(Scores {
@@ -93,7 +145,7 @@ impl Scorer for Recorded<'_> {
     }
 }
 
-/// Read `probes.json` in `dir` and run `model` on each probe (batch 1, unpadded), with the parity
+/// Read `probes.jsonl` in `dir` and run `model` on each probe (batch 1, unpadded), with the parity
 /// gate's rule for `dtype` ([`parity::compare`]); an error names every probe that misses, or a
 /// set of probes narrower than `max_options`. Returns how many probes ran and the largest gap.
 pub fn check(
@@ -104,7 +156,7 @@ pub fn check(
 ) -> Result<(usize, f32)> {
     let path = dir.join(PROBES_FILE);
     let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let file: ProbeFile = serde_json::from_slice(&bytes)
+    let file = ProbeFile::parse(&bytes)
         .with_context(|| format!("{}: not a probe file", path.display()))?;
     if file.schema != PROBES_SCHEMA {
         anyhow::bail!(
