@@ -151,9 +151,30 @@ fn verify_reruns_the_probes_and_catches_weights_rewritten_with_their_hashes() {
         v.problems
     );
 
+    // A bundle exported before the probe file was JSON Lines: told to export again.
+    let mpath = out.join("manifest.json");
+    let original_manifest = std::fs::read(&mpath).unwrap();
+    let mut m: Value = serde_json::from_slice(&original_manifest).unwrap();
+    for f in m["files"].as_array_mut().unwrap() {
+        if f["path"] == PROBES_FILE {
+            f["path"] = "probes.json".into();
+        }
+    }
+    std::fs::rename(&probes_path, out.join("probes.json")).unwrap();
+    std::fs::write(&mpath, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let v = verify(&out);
+    assert!(
+        v.problems.iter().any(|p| p
+            .starts_with("probes.jsonl: missing: the bundle holds probes.json")
+            && p.contains("export it again")),
+        "{:?}",
+        v.problems
+    );
+    std::fs::rename(out.join("probes.json"), &probes_path).unwrap();
+    std::fs::write(&mpath, &original_manifest).unwrap();
+
     // No probes at all (file and manifest entry gone): refused, not skipped.
     std::fs::remove_file(&probes_path).unwrap();
-    let mpath = out.join("manifest.json");
     let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
     m["files"]
         .as_array_mut()

@@ -102,9 +102,18 @@ pub(crate) fn check(dir: &Path, o: &OnnxFacts, m: &Manifest) -> Result<()> {
     Ok(())
 }
 
+/// What the probe file was called before it became JSON Lines (contracts section 5).
+const LEGACY_PROBES_FILE: &str = "probes.json";
+
 /// Run `model.onnx` on the bundle's probe states with tract and hold it to their recorded answers.
 pub(crate) fn rerun_probes(dir: &Path, o: &OnnxFacts, m: &Manifest) -> Result<()> {
     if !m.files.iter().any(|f| f.path == PROBES_FILE) {
+        if m.files.iter().any(|f| f.path == LEGACY_PROBES_FILE) {
+            anyhow::bail!(
+                "missing: the bundle holds {LEGACY_PROBES_FILE}, the one-document probe file of \
+                 exports before 2026-12-07; export it again to write {PROBES_FILE}"
+            );
+        }
         anyhow::bail!(
             "missing: a bundle with {} must hold the probe states its export recorded, to run \
              the model on again",
