@@ -139,35 +139,36 @@ impl Receipt {
         }
     }
 
-    /// True when the recorded pick is the host's own route, not a selector's
-    /// ([`host_scored`]): it counts as a fallback, never in a confidence bucket or in coverage.
+    /// True when the recorded pick is the host's own route rather than a selector's
+    /// (keel-integration.md, "Quirks"): keel's `backend: host` receipts carry a `confidence` of
+    /// 0.75 that keel puts on every host-scored route, not a model's; and where the selector
+    /// abstained at intake, keel records the host's first route as `selected` with the fallback
+    /// `Selector abstained; host scored the 0G catalog` (`selector_abstained` alike). Such a pick
+    /// counts as a fallback, never in a confidence bucket or in coverage.
     pub fn host_scored(&self) -> bool {
         matches!(self.result, ReceiptResult::Pick { .. })
-            && host_scored(
-                self.model.as_deref(),
-                self.fallback.as_ref().and_then(|f| f.reason.as_deref()),
-            )
+            && (self.model.as_deref() == Some(HOST_BACKEND)
+                || self
+                    .fallback
+                    .as_ref()
+                    .and_then(|f| f.reason.as_deref())
+                    .is_some_and(says_selector_abstained))
     }
 }
 
 /// keel's `backend` for a route the host scored itself, kept as the receipt's `model`.
 pub(crate) const HOST_BACKEND: &str = "host";
 
-/// Whether a pick recorded with this `model` and fallback reason is the host's own route rather
-/// than a selector's (keel-integration.md, "Quirks"): keel's `backend: host` receipts carry a
-/// `confidence` of 0.75 that keel puts on every host-scored route, not a model's; and where the
-/// selector abstained at intake, keel records the host's first route as `selected` with the
-/// fallback `Selector abstained; host scored the 0G catalog` (`selector_abstained` alike).
-pub(crate) fn host_scored(model: Option<&str>, fallback_reason: Option<&str>) -> bool {
-    model == Some(HOST_BACKEND) || fallback_reason.is_some_and(says_selector_abstained)
-}
-
-/// A fallback reason saying the selector abstained, in keel's words or its enum's.
-fn says_selector_abstained(reason: &str) -> bool {
-    let words = reason.trim_start().replace('_', " ");
-    words
-        .get(..18)
-        .is_some_and(|head| head.eq_ignore_ascii_case("selector abstained"))
+/// A fallback reason saying the selector abstained, in keel's words or its enum's (`_` read as
+/// a space, any ASCII case).
+pub(crate) fn says_selector_abstained(reason: &str) -> bool {
+    const WORDS: &[u8] = b"selector abstained";
+    let head = reason.trim_start().as_bytes();
+    head.len() >= WORDS.len()
+        && head
+            .iter()
+            .zip(WORDS)
+            .all(|(&a, &w)| a.to_ascii_lowercase() == w || (a == b'_' && w == b' '))
 }
 
 impl OutcomeStatus {

@@ -9,9 +9,9 @@
 //! Around them the harness's other endings: abstentions, rejections of each kind (an
 //! out-of-set rejection names an id that was not offered; a gate rejection an offered one),
 //! fallbacks (some with success outcomes; at `route`, keel's intake quirk), routes the host
-//! scored itself (keel's `backend: host`, confidence 0.75), pending and abandoned outcomes, shadow-mode records judged against a reference,
-//! free-text outcomes, and, on request, a share of bad records (a confidence above 1, or a pick
-//! that was not offered yet accepted). About a third of the confidences are rounded to two
+//! scored itself (keel's `backend: host`, confidence 0.75), pending and abandoned outcomes,
+//! shadow-mode records judged against a reference, free-text outcomes, and, on request, a share
+//! of bad records (a confidence above 1, or a pick that was not offered yet accepted). About a third of the confidences are rounded to two
 //! decimals, as rounded model probabilities are, so exact bucket edges (0.0, 0.3, 1.0, ...)
 //! occur.
 
@@ -82,23 +82,22 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         (best + 1 + rng.random_range(0..k - 1)) % k
     };
 
+    let model = match rng.random::<f64>() {
+        u if u < 0.78 => "laya",
+        u if u < 0.98 => "jev",
+        // a route the host scored itself (keel's `backend: host`)
+        _ => "host",
+    };
     let mut r = Receipt {
         id: format!("r{i:09}"),
         at: at_of(i),
         point: point.to_string(),
-        model: Some(
-            match rng.random::<f64>() {
-                u if u < 0.78 => "laya",
-                u if u < 0.98 => "jev",
-                // a route the host scored itself (keel's `backend: host`)
-                _ => "host",
-            }
-            .to_string(),
-        ),
+        model: Some(model.to_string()),
         candidates,
         result: ReceiptResult::Pick {
             id: format!("{point}-{pick}"),
-            confidence: c,
+            // keel's constant on every host-scored route, not a model's confidence
+            confidence: if model == "host" { 0.75 } else { c },
         },
         validation: Validation::Accepted,
         fallback: None,
@@ -107,13 +106,6 @@ pub(crate) fn receipt(rng: &mut ChaCha8Rng, i: u64, bad_share: f64) -> Receipt {
         observed_outcome: None,
     };
 
-    if r.host_scored() {
-        // keel's constant on every host-scored route, not a model's confidence
-        r.result = ReceiptResult::Pick {
-            id: format!("{point}-{pick}"),
-            confidence: 0.75,
-        };
-    }
     let v: f64 = rng.random();
     if v < 0.04 {
         r.result = ReceiptResult::Abstain;

@@ -24,7 +24,7 @@ use super::OutcomePatterns;
 use super::columns::{AtCol, BoolCol, Coded, F64Col, IntCol, ListCol, StrCol};
 use super::rules::{plainly_rfc3339, valid_point};
 use super::scan::Facts;
-use crate::receipt::host_scored;
+use crate::receipt::{HOST_BACKEND, says_selector_abstained};
 use crate::{OutcomeStatus, Validation};
 
 /// No entry in a table (a value that is not a valid name, not among the candidates, …).
@@ -66,7 +66,7 @@ pub(super) struct BatchRules<'a> {
     validation_of: Vec<Option<Validation>>,
     fallback_used: BoolCol<'a>,
     model: Coded<'a>,
-    /// Per `model` value, whether it names the host ([`crate::receipt::host_scored`]).
+    /// Per `model` value, whether it names the host (as [`crate::Receipt::host_scored`] reads it).
     model_is_host: Vec<bool>,
     fallback_reason: Coded<'a>,
     /// Per `fallback_reason` value, whether it says the selector abstained.
@@ -169,12 +169,16 @@ impl<'a> BatchRules<'a> {
             .map(|v| v.and_then(Validation::parse))
             .collect();
         let model = coded("model")?;
-        let model_is_host = model.values.iter().map(|&v| host_scored(v, None)).collect();
+        let model_is_host = model
+            .values
+            .iter()
+            .map(|&v| v == Some(HOST_BACKEND))
+            .collect();
         let fallback_reason = coded("fallback_reason")?;
         let reason_is_abstention = fallback_reason
             .values
             .iter()
-            .map(|&v| v.is_some_and(|r| host_scored(None, Some(r))))
+            .map(|&v| v.is_some_and(says_selector_abstained))
             .collect();
         let status = coded("outcome_status")?;
         let status_of = status
