@@ -89,6 +89,28 @@ fn validate_lists_every_error_and_quarantines() {
 }
 
 #[test]
+fn validate_lists_every_error_by_default() {
+    // contracts section 1: `validate` lists them all, however many
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("many.jsonl");
+    let line = |i: usize| {
+        format!(
+            r#"{{"id": "s{i}", "task_id": "t{i}", "point": "Bad", "context": "c", "candidates": [{{"id": "a", "label": "a"}}, {{"id": "b", "label": "b"}}]}}"#
+        )
+    };
+    std::fs::write(&bad, (0..150).map(line).collect::<Vec<_>>().join("\n")).unwrap();
+    let out = decision(&["data", "validate", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        stdout.lines().filter(|l| l.contains(" row ")).count(),
+        150,
+        "{stdout}"
+    );
+    assert!(!stdout.contains("not listed"), "{stdout}");
+}
+
+#[test]
 fn validate_missing_file_exits_two() {
     let out = decision(&["data", "validate", "/nonexistent/states.parquet"]);
     assert_eq!(out.status.code(), Some(2));

@@ -67,8 +67,8 @@ pub struct ValidateArgs {
     /// States files (.parquet, .jsonl, .json) or folders of shards.
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
-    /// Errors to list before only counting (0: list all).
-    #[arg(long, default_value_t = 100, value_name = "N")]
+    /// Errors to list before only counting the rest (0, the default: list them all).
+    #[arg(long, default_value_t = 0, value_name = "N")]
     pub max_errors: u64,
     /// Write the bad rows, unchanged, to this JSON Lines file (and why, to FILE's `.errors.jsonl`).
     #[arg(long, value_name = "FILE")]

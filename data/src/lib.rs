@@ -23,6 +23,7 @@ pub mod stable_hash;
 mod state;
 pub mod states_io;
 pub mod stats;
+mod string_column;
 pub mod tree;
 mod validate;
 
@@ -31,6 +32,7 @@ pub use receipt::{Fallback, Outcome, OutcomeStatus, Receipt, ReceiptResult, Shad
 pub use split::{Split, SplitRatios};
 pub use state::{Candidate, State};
 pub use states_io::{
-    BadRow, FieldError, Format, ReadItem, Row, StateReader, StateWriter, read_states, write_states,
+    BadRow, BadRows, FieldError, Format, ReadItem, Row, StateReader, StateWriter, read_states,
+    write_states,
 };
 pub use validate::{ValidateOptions, Validator, check_state};

@@ -21,10 +21,11 @@ use anyhow::Result;
 use arrow_array::RecordBatch;
 
 use super::OutcomePatterns;
-use super::columns::{AtCol, BoolCol, Coded, F64Col, IntCol, ListCol, StrCol};
+use super::columns::{AtCol, BoolCol, F64Col, IntCol, ListCol};
 use super::rules::{plainly_rfc3339, valid_point};
 use super::scan::Facts;
 use crate::receipt::{HOST_BACKEND, says_selector_abstained};
+use crate::string_column::{Coded, StrCol};
 use crate::{OutcomeStatus, Validation};
 
 /// No entry in a table (a value that is not a valid name, not among the candidates, …).

@@ -90,11 +90,37 @@ impl ReadSummary {
     }
 }
 
-/// The files behind `paths`: folders become their shards (`.parquet`, `.jsonl`, `.json`, name
-/// order, hidden files skipped); an unknown extension is an error. (The states reader's rule.)
+/// The files behind `paths`: folders become their shards (`.parquet`, `.jsonl`, `.json`, in
+/// subfolders too, path order, hidden files skipped; a partition folder naming a receipt column
+/// is refused); an unknown extension is an error. (The states reader's rule, see
+/// [`expand_paths`].)
 pub fn receipt_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    expand_paths(paths)
+    expand_paths(paths, RECEIPT_COLUMNS)
 }
+
+/// The columns of a receipts file, flattened as contracts section 3 names them, in both shapes.
+const RECEIPT_COLUMNS: &[&str] = &[
+    "id",
+    "at",
+    "point",
+    "model",
+    "candidates",
+    "result",
+    "result_kind",
+    "result_id",
+    "confidence",
+    "validation",
+    "fallback",
+    "fallback_used",
+    "fallback_to",
+    "fallback_reason",
+    "outcome",
+    "outcome_status",
+    "outcome_duration_ms",
+    "outcome_retries",
+    "shadow",
+    "shadow_reference",
+];
 
 /// Feeds every byte read into a hash.
 struct Hashing<'h, R> {

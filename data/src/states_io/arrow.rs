@@ -1,6 +1,7 @@
 //! The Arrow form of decision states: the schema we write, states to a record batch, a batch back
-//! to states (accepting what other writers produce: large or view strings, large lists, float32
-//! teachers, extra columns, missing optional columns), and one row as JSON for quarantine.
+//! to states (accepting what other writers produce: large, view or dictionary strings, large
+//! lists, float32 or integer teachers, extra columns, optional columns missing or null-typed), and
+//! one row as JSON for quarantine.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 
 use super::FieldError;
 use crate::state::{Candidate, State};
+use crate::string_column::StrCol;
 
 /// The `schema` string a states file we write carries (Parquet key-value metadata).
 pub const STATES_SCHEMA_ID: &str = "decision-states/1";
@@ -127,33 +129,6 @@ pub fn states_to_batch(states: &[State]) -> Result<RecordBatch, ArrowError> {
     )
 }
 
-/// A string column of any of Arrow's three string layouts.
-#[derive(Clone, Copy)]
-enum Strs<'a> {
-    Utf8(&'a arrow_array::StringArray),
-    Large(&'a arrow_array::LargeStringArray),
-    View(&'a arrow_array::StringViewArray),
-}
-
-impl<'a> Strs<'a> {
-    fn of(a: &'a dyn Array) -> Option<Self> {
-        match a.data_type() {
-            DataType::Utf8 => Some(Strs::Utf8(a.as_string::<i32>())),
-            DataType::LargeUtf8 => Some(Strs::Large(a.as_string::<i64>())),
-            DataType::Utf8View => Some(Strs::View(a.as_string_view())),
-            _ => None,
-        }
-    }
-
-    fn get(self, i: usize) -> Option<&'a str> {
-        match self {
-            Strs::Utf8(a) => a.is_valid(i).then(|| a.value(i)),
-            Strs::Large(a) => a.is_valid(i).then(|| a.value(i)),
-            Strs::View(a) => a.is_valid(i).then(|| a.value(i)),
-        }
-    }
-}
-
 /// A list column (32- or 64-bit offsets): the item range of each row and the child values.
 struct List<'a> {
     offsets: Offsets<'a>,
@@ -204,13 +179,17 @@ impl<'a> List<'a> {
 struct CandidateCol<'a> {
     list: List<'a>,
     items: &'a StructArray,
-    ids: Strs<'a>,
-    labels: Strs<'a>,
+    ids: StrCol<'a>,
+    labels: StrCol<'a>,
 }
 
+/// A teacher's numbers: floats, or integers (a one-hot teacher written as `[0, 1]`, which the
+/// JSON Lines reader accepts too).
 enum Floats<'a> {
     F64(&'a arrow_array::Float64Array),
     F32(&'a arrow_array::Float32Array),
+    I64(&'a arrow_array::Int64Array),
+    I32(&'a arrow_array::Int32Array),
 }
 
 impl Floats<'_> {
@@ -218,24 +197,30 @@ impl Floats<'_> {
         match self {
             Floats::F64(a) => a.is_valid(i).then(|| a.value(i)),
             Floats::F32(a) => a.is_valid(i).then(|| f64::from(a.value(i))),
+            Floats::I64(a) => a.is_valid(i).then(|| a.value(i) as f64),
+            Floats::I32(a) => a.is_valid(i).then(|| f64::from(a.value(i))),
         }
     }
 }
 
-/// A column looked up by name: absent (`Ok(None)`), usable, or of a type we cannot read
-/// (`Err(message)`).
+/// A column looked up by name: absent or null in every row (`Ok(None)`), usable, or of a type we
+/// cannot read (`Err(message)`).
 type Col<T> = Result<Option<T>, String>;
 
 fn column<'a, T>(
     batch: &'a RecordBatch,
     name: &str,
     want: &str,
-    f: impl FnOnce(&'a dyn Array) -> Option<T>,
+    f: impl FnOnce(&'a ArrayRef) -> Option<T>,
 ) -> Col<T> {
     let Some(a) = batch.column_by_name(name) else {
         return Ok(None);
     };
-    match f(a.as_ref()) {
+    // pyarrow and pandas write a column that is null in every row with the null type
+    if a.data_type() == &DataType::Null {
+        return Ok(None);
+    }
+    match f(a) {
         Some(t) => Ok(Some(t)),
         None => Err(format!(
             "column has type {}, expected {want}",
@@ -247,7 +232,7 @@ fn column<'a, T>(
 /// Every row of a batch as a state, or the problems that keep it from being one (each naming
 /// its field like the JSON Lines reader does).
 pub(super) fn batch_to_states(batch: &RecordBatch) -> Vec<Result<State, Vec<FieldError>>> {
-    let strs = |name: &str| column(batch, name, "a string (utf8)", Strs::of);
+    let strs = |name: &str| column(batch, name, "a string (utf8)", StrCol::read);
     let (id, task_id, point, context) =
         (strs("id"), strs("task_id"), strs("point"), strs("context"));
     let (answer, rules, split) = (strs("answer"), strs("rules"), strs("split"));
@@ -258,8 +243,8 @@ pub(super) fn batch_to_states(batch: &RecordBatch) -> Vec<Result<State, Vec<Fiel
         |a| {
             let list = List::of(a)?;
             let items = list.values.as_struct_opt()?;
-            let ids = Strs::of(items.column_by_name("id")?.as_ref())?;
-            let labels = Strs::of(items.column_by_name("label")?.as_ref())?;
+            let ids = StrCol::read(items.column_by_name("id")?)?;
+            let labels = StrCol::read(items.column_by_name("label")?)?;
             Some(CandidateCol {
                 list,
                 items,
@@ -273,16 +258,26 @@ pub(super) fn batch_to_states(batch: &RecordBatch) -> Vec<Result<State, Vec<Fiel
         let floats = match list.values.data_type() {
             DataType::Float64 => Floats::F64(list.values.as_primitive::<Float64Type>()),
             DataType::Float32 => Floats::F32(list.values.as_primitive::<Float32Type>()),
+            DataType::Int64 => Floats::I64(list.values.as_primitive::<Int64Type>()),
+            DataType::Int32 => Floats::I32(list.values.as_primitive::<Int32Type>()),
             _ => return None,
         };
         Some((list, floats))
     });
     let after_error = column(batch, "after_error", "bool", |a| a.as_boolean_opt());
+    // a required field whose column is there but null-typed is null in this row, not missing
+    let missing = |name: &str| {
+        if batch.column_by_name(name).is_some() {
+            "required field is null"
+        } else {
+            "required field is missing (the file has no such column)"
+        }
+    };
 
     (0..batch.num_rows())
         .map(|i| {
             let mut errors = Vec::new();
-            let mut required = |name: &str, col: &Col<Strs>| -> Option<String> {
+            let mut required = |name: &str, col: &Col<StrCol>| -> Option<String> {
                 match col {
                     Ok(Some(c)) => match c.get(i) {
                         Some(s) => Some(s.to_owned()),
@@ -292,10 +287,7 @@ pub(super) fn batch_to_states(batch: &RecordBatch) -> Vec<Result<State, Vec<Fiel
                         }
                     },
                     Ok(None) => {
-                        errors.push(FieldError::new(
-                            name,
-                            "required field is missing (the file has no such column)",
-                        ));
+                        errors.push(FieldError::new(name, missing(name)));
                         None
                     }
                     Err(e) => {
@@ -308,7 +300,7 @@ pub(super) fn batch_to_states(batch: &RecordBatch) -> Vec<Result<State, Vec<Fiel
             let task_id = required("task_id", &task_id);
             let point = required("point", &point);
             let context = required("context", &context);
-            let mut optional = |name: &str, col: &Col<Strs>| -> Option<String> {
+            let mut optional = |name: &str, col: &Col<StrCol>| -> Option<String> {
                 match col {
                     Ok(Some(c)) => c.get(i).map(str::to_owned),
                     Ok(None) => None,
@@ -363,10 +355,7 @@ pub(super) fn batch_to_states(batch: &RecordBatch) -> Vec<Result<State, Vec<Fiel
                     }
                 },
                 Ok(None) => {
-                    errors.push(FieldError::new(
-                        "candidates",
-                        "required field is missing (the file has no such column)",
-                    ));
+                    errors.push(FieldError::new("candidates", missing("candidates")));
                     None
                 }
                 Err(e) => {
@@ -488,8 +477,33 @@ fn push_value(out: &mut String, a: &dyn Array, i: usize) {
         DataType::UInt64 => int!(UInt64Type),
         DataType::Float32 => push_float(out, f64::from(a.as_primitive::<Float32Type>().value(i))),
         DataType::Float64 => push_float(out, a.as_primitive::<Float64Type>().value(i)),
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-            push_json_string(out, Strs::of(a).and_then(|s| s.get(i)).unwrap_or_default())
+        DataType::Utf8 => push_json_string(out, a.as_string::<i32>().value(i)),
+        DataType::LargeUtf8 => push_json_string(out, a.as_string::<i64>().value(i)),
+        DataType::Utf8View => push_json_string(out, a.as_string_view().value(i)),
+        DataType::Null => out.push_str("null"),
+        DataType::Dictionary(..) => {
+            let d = a.as_any_dictionary();
+            let keys = d.keys();
+            macro_rules! key {
+                ($t:ty) => {
+                    usize::try_from(keys.as_primitive::<$t>().value(i)).unwrap_or(usize::MAX)
+                };
+            }
+            let k = match keys.data_type() {
+                DataType::Int8 => key!(Int8Type),
+                DataType::Int16 => key!(Int16Type),
+                DataType::Int32 => key!(Int32Type),
+                DataType::Int64 => key!(Int64Type),
+                DataType::UInt8 => key!(UInt8Type),
+                DataType::UInt16 => key!(UInt16Type),
+                DataType::UInt32 => key!(UInt32Type),
+                _ => key!(UInt64Type),
+            };
+            if k < d.values().len() {
+                push_value(out, d.values().as_ref(), k);
+            } else {
+                out.push_str("null");
+            }
         }
         DataType::List(_) | DataType::LargeList(_) => {
             let list = List::of(a).expect("list type checked");

@@ -200,26 +200,35 @@ impl fmt::Display for BadRow {
 /// not Parquet at all, an I/O error), the inner one is a bad row and reading goes on.
 pub type ReadItem = Result<Result<Row<State>, BadRow>>;
 
+/// The columns of a decision-states file (contracts section 1).
+pub(crate) const STATE_COLUMNS: &[&str] = &[
+    "id",
+    "task_id",
+    "point",
+    "context",
+    "candidates",
+    "answer",
+    "teacher",
+    "after_error",
+    "rules",
+    "split",
+];
+
 /// The files behind `paths`: files as given, folders replaced by their shards (`.parquet`,
-/// `.jsonl`, `.json` files directly inside, hidden files skipped, sorted by name so the order is
-/// the same everywhere). Fails on a missing path, an unknown extension or a folder with no shard.
-pub fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+/// `.jsonl`, `.json` files inside it or any subfolder, sorted by path so the order is the same
+/// everywhere). Hidden files and folders are skipped, and folders whose name starts with `_`
+/// (Spark's and Hive's `_temporary`, `_staging`). A partition folder (`name=value`) is read like
+/// any other, its value not: one that names a column the reader reads (`columns`, such as
+/// `split=train`) is an error, since its rows would be read without it. Fails on a missing path,
+/// an unknown extension or a folder with no shard.
+pub fn expand_paths(paths: &[PathBuf], columns: &[&str]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for path in paths {
         let meta =
             fs::metadata(path).with_context(|| format!("{}: cannot read", path.display()))?;
         if meta.is_dir() {
             let mut shards = Vec::new();
-            for entry in
-                fs::read_dir(path).with_context(|| format!("listing {}", path.display()))?
-            {
-                let entry = entry.with_context(|| format!("listing {}", path.display()))?;
-                let p = entry.path();
-                let hidden = entry.file_name().to_string_lossy().starts_with('.');
-                if !hidden && p.is_file() && Format::from_path(&p).is_ok() {
-                    shards.push(p);
-                }
-            }
+            shards_under(path, columns, &mut shards)?;
             if shards.is_empty() {
                 bail!(
                     "{}: folder holds no .parquet, .jsonl or .json shard",
@@ -234,6 +243,37 @@ pub fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(files)
+}
+
+/// The shards in `dir` and its subfolders, in no order.
+fn shards_under(dir: &Path, columns: &[&str], shards: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let (p, name) = (entry.path(), entry.file_name());
+        let name = name.to_string_lossy();
+        if name.starts_with('.') {
+            continue;
+        }
+        if p.is_dir() {
+            if name.starts_with('_') {
+                continue;
+            }
+            if let Some((column, _)) = name.split_once('=')
+                && columns.contains(&column)
+            {
+                bail!(
+                    "{}: a partition folder: `{column}` is read from the files' rows, not from \
+                     folder names, so its rows would be read without it; write `{column}` into \
+                     the files themselves",
+                    p.display()
+                );
+            }
+            shards_under(&p, columns, shards)?;
+        } else if p.is_file() && Format::from_path(&p).is_ok() {
+            shards.push(p);
+        }
+    }
+    Ok(())
 }
 
 /// Streams the states of one or more files / folders of shards, in order. Each file is opened
@@ -252,7 +292,7 @@ enum Source {
 impl StateReader {
     /// Checks that every path exists and has a known format; opens nothing yet.
     pub fn open(paths: &[PathBuf]) -> Result<StateReader> {
-        let files = expand_paths(paths)?;
+        let files = expand_paths(paths, STATE_COLUMNS)?;
         Ok(StateReader {
             pending: files.iter().cloned().collect(),
             current: None,
@@ -493,14 +533,38 @@ pub fn read_states(
         }
     }
     if bad_rows > 0 {
-        bail!(
-            "{bad_rows} bad row(s) in {}:\n{}",
-            display_paths(paths),
-            bad.join("\n")
-        );
+        return Err(BadRows {
+            rows: bad_rows,
+            files: display_paths(paths),
+            listed: bad,
+        }
+        .into());
     }
     Ok(states)
 }
+
+/// [`read_states`]' error when rows break the contract: how many, in which files, and the first
+/// ones' errors (file, row, field, reason). A caller can tell it from an unreadable file.
+#[derive(Debug)]
+pub struct BadRows {
+    pub rows: usize,
+    pub files: String,
+    pub listed: Vec<String>,
+}
+
+impl std::fmt::Display for BadRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bad row(s) in {}:\n{}",
+            self.rows,
+            self.files,
+            self.listed.join("\n")
+        )
+    }
+}
+
+impl std::error::Error for BadRows {}
 
 pub(crate) fn display_paths(paths: &[PathBuf]) -> String {
     paths

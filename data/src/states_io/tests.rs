@@ -133,18 +133,39 @@ fn folder_of_shards_reads_in_name_order_and_skips_hidden_and_foreign_files() {
     write_states(shards.join("part-001.json"), &[sample_state(1)]).unwrap();
     fs::write(shards.join(".part-003.parquet.tmp-1"), b"half a file").unwrap();
     fs::write(shards.join("README.md"), b"not a shard").unwrap();
+    // subfolders are read, a partition folder of another column too; hidden and `_` ones not
+    write_states(shards.join("late/part-000.jsonl"), &[sample_state(3)]).unwrap();
+    write_states(shards.join("day=2026-11-02/p.parquet"), &[sample_state(4)]).unwrap();
+    write_states(shards.join("_temporary/0/p.parquet"), &[sample_state(5)]).unwrap();
+    write_states(shards.join(".cache/p.parquet"), &[sample_state(6)]).unwrap();
     let reader = StateReader::open(std::slice::from_ref(&shards)).unwrap();
     let names: Vec<String> = reader
         .files()
         .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .map(|p| p.strip_prefix(&shards).unwrap().display().to_string())
         .collect();
     assert_eq!(
         names,
-        ["part-000.jsonl", "part-001.json", "part-002.parquet"]
+        [
+            "day=2026-11-02/p.parquet",
+            "late/part-000.jsonl",
+            "part-000.jsonl",
+            "part-001.json",
+            "part-002.parquet"
+        ]
     );
     let ids: Vec<String> = reader.map(|r| r.unwrap().unwrap().value.id).collect();
-    assert_eq!(ids, ["s0", "s1", "s2"]);
+    assert_eq!(ids, ["s4", "s3", "s0", "s1", "s2"]);
+    // a partition folder of a contract column would lose its value: refused, naming it
+    write_states(shards.join("late/split=test/p.jsonl"), &[sample_state(7)]).unwrap();
+    let err = StateReader::open(std::slice::from_ref(&shards))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("split=test: a partition folder: `split` is read from the files' rows"),
+        "{err}"
+    );
 
     let empty = dir.path().join("empty");
     fs::create_dir(&empty).unwrap();
@@ -422,6 +443,123 @@ fn parquet_missing_null_and_mistyped_columns_are_row_errors() {
             .unwrap()
             .contains("\"id\":null")
     );
+}
+
+#[test]
+fn parquet_from_pandas_null_typed_dictionary_and_integer_columns() {
+    // pandas / pyarrow write a column that is None in every row with the null type, categoricals
+    // as dictionaries (any key width), and a teacher of 0s and 1s as integers.
+    use arrow_array::types::{Int8Type, Int32Type, Int64Type};
+    use arrow_array::{DictionaryArray, NullArray};
+    let dir = tempfile::tempdir().unwrap();
+    let canonical = states_to_batch(&[sample_state(1), sample_state(2)]).unwrap();
+    let candidates = canonical
+        .schema()
+        .field_with_name("candidates")
+        .unwrap()
+        .clone();
+    let null = |name: &str| Field::new(name, DataType::Null, true);
+    let dict = |k: DataType, name: &str| {
+        Field::new(
+            name,
+            DataType::Dictionary(Box::new(k), Box::new(DataType::Utf8)),
+            false,
+        )
+    };
+    let int_item = Arc::new(Field::new("item", DataType::Int64, true));
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            dict(DataType::Int8, "task_id"),
+            dict(DataType::Int32, "point"),
+            Field::new("context", DataType::Utf8, false),
+            candidates.clone(),
+            null("answer"),
+            Field::new("teacher", DataType::List(int_item), true),
+            null("after_error"),
+            null("rules"),
+            null("split"),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["s1", "s2"])),
+            Arc::new(DictionaryArray::<Int8Type>::from_iter(["t", "t"])),
+            Arc::new(DictionaryArray::<Int32Type>::from_iter(["stop", "tool"])),
+            Arc::new(StringArray::from(vec!["ctx 1", "ctx 2"])),
+            canonical.column_by_name("candidates").unwrap().clone(),
+            Arc::new(NullArray::new(2)),
+            Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(vec![
+                Some(vec![Some(0), Some(1), Some(0)]),
+                Some(vec![Some(0), None, Some(1), Some(0)]),
+            ])),
+            Arc::new(NullArray::new(2)),
+            Arc::new(NullArray::new(2)),
+            Arc::new(NullArray::new(2)),
+        ],
+    )
+    .unwrap();
+    let path = dir.path().join("pandas.parquet");
+    write_batch(&path, &batch);
+    let rows = read_all(std::slice::from_ref(&path));
+    let s = &rows[0].as_ref().unwrap().value;
+    assert_eq!(
+        (s.task_id.as_str(), s.point.as_str(), s.context.as_str()),
+        ("t", "stop", "ctx 1")
+    );
+    assert_eq!(
+        (s.answer.as_ref(), s.teacher.as_deref(), s.after_error),
+        (None, Some(&[0.0, 1.0, 0.0][..]), false)
+    );
+    assert_eq!((s.rules.as_ref(), s.split.as_ref()), (None, None));
+    // The second row's null teacher item is its only error, and its quarantine form holds the
+    // dictionary's values and the null-typed columns as null.
+    let bad = rows[1].as_ref().unwrap_err();
+    let fields: Vec<&str> = bad.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["teacher[1]"]);
+    let raw: serde_json::Value = serde_json::from_slice(&bad.raw()).unwrap();
+    assert_eq!(
+        (
+            &raw["task_id"],
+            &raw["point"],
+            &raw["answer"],
+            &raw["split"]
+        ),
+        (
+            &"t".into(),
+            &"tool".into(),
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        )
+    );
+    assert_eq!(raw["teacher"], serde_json::json!([0, null, 1, 0]));
+
+    // A required column of the null type is null in every row, not missing.
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("task_id", DataType::Utf8, false),
+            Field::new("point", DataType::Utf8, false),
+            null("context"),
+            candidates,
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["s1", "s2"])),
+            Arc::new(StringArray::from(vec!["t", "t"])),
+            Arc::new(StringArray::from(vec!["stop", "tool"])),
+            Arc::new(NullArray::new(2)),
+            canonical.column_by_name("candidates").unwrap().clone(),
+        ],
+    )
+    .unwrap();
+    let path = dir.path().join("no-context.parquet");
+    write_batch(&path, &batch);
+    for r in read_all(&[path]) {
+        let bad = r.unwrap_err();
+        assert_eq!(bad.errors.len(), 1);
+        assert_eq!(
+            (bad.errors[0].field.as_str(), bad.errors[0].reason.as_str()),
+            ("context", "required field is null")
+        );
+    }
 }
 
 #[test]
