@@ -45,6 +45,9 @@ pub struct TeacherStats {
     pub judged: u64,
     /// Of those, states where the teacher's arg-max (the first, on ties) is the answer.
     pub correct: u64,
+    /// Of those, states whose answer has the teacher's highest probability, ties included
+    /// ([`teacher_agrees`]): the states whose target `teacher_blend` blends.
+    pub agrees: u64,
     /// `correct / judged`; `None` when nothing could be judged.
     pub accuracy: Option<f64>,
 }
@@ -86,6 +89,9 @@ impl Stats {
                 self.teacher.judged += 1;
                 if argmax(t) == Some(a) {
                     self.teacher.correct += 1;
+                }
+                if teacher_agrees(a, t) {
+                    self.teacher.agrees += 1;
                 }
                 self.teacher.accuracy =
                     Some(self.teacher.correct as f64 / self.teacher.judged as f64);
@@ -179,7 +185,12 @@ impl Stats {
                 out += &format!(
                     "  accuracy             {:>10.4}   (arg-max = answer on {} of {} labelled states)\n",
                     acc, self.teacher.correct, self.teacher.judged
-                )
+                );
+                out += &format!(
+                    "  blended              {:>10}   (answer ranked first, ties included: \
+                     teacher_blend applies)\n",
+                    self.teacher.agrees
+                );
             }
             None => {
                 out += "  accuracy                    n/a   (no labelled state has a teacher)\n"
@@ -199,6 +210,17 @@ pub fn argmax<T: PartialOrd + Copy>(v: &[T]) -> Option<usize> {
         }
     }
     best
+}
+
+/// Whether the teacher ranks `answer` first, ties for first place included: the states whose
+/// training target blends the teacher's distribution (contracts section 2, "its arg-max is the
+/// answer"; with a tie, the answer is one of the arg-maxes). The one rule, for the loss and for
+/// `data stats`.
+pub fn teacher_agrees<T: PartialOrd + Copy>(answer: usize, teacher: &[T]) -> bool {
+    let Some(&ta) = teacher.get(answer) else {
+        return false;
+    };
+    teacher.iter().all(|&t| t <= ta)
 }
 
 /// [`argmax`] of scores that are never empty (index 0 for an empty slice).
@@ -232,6 +254,14 @@ mod tests {
     }
 
     #[test]
+    fn the_teacher_agrees_when_the_answer_ties_for_first() {
+        assert!(teacher_agrees(1, &[0.4, 0.4, 0.2]));
+        assert!(teacher_agrees(0, &[0.4f32, 0.4, 0.2]));
+        assert!(!teacher_agrees(2, &[0.4, 0.4, 0.2]));
+        assert!(!teacher_agrees(3, &[0.4, 0.4, 0.2]));
+    }
+
+    #[test]
     fn argmax_takes_first_on_ties() {
         assert_eq!(argmax(&[0.2, 0.4, 0.4]), Some(1));
         assert_eq!(argmax(&[0.9, 0.1]), Some(0));
@@ -247,6 +277,7 @@ mod tests {
         st.add(&state(2, Some(0), Some(vec![0.9, 0.1])), &r); // teacher right
         st.add(&state(3, Some(2), Some(vec![0.5, 0.3, 0.2])), &r); // teacher wrong
         st.add(&state(3, None, Some(vec![0.5, 0.3, 0.2])), &r); // unlabelled: not judged
+        st.add(&state(2, Some(1), Some(vec![0.5, 0.5])), &r); // a tie: blended, not right
         let mut s = state(4, Some(1), None);
         s.after_error = true;
         s.rules = Some("v2".into());
@@ -254,32 +285,34 @@ mod tests {
         s.point = "stop".into();
         st.add(&s, &r);
         st.add_bad();
-        assert_eq!(st.states, 4);
+        assert_eq!(st.states, 5);
         assert_eq!(st.bad_rows, 1);
-        assert_eq!(st.labelled, 3);
+        assert_eq!(st.labelled, 4);
         assert_eq!(st.after_error, 1);
-        assert_eq!(st.by_point["tool"], 3);
+        assert_eq!(st.by_point["tool"], 4);
         assert_eq!(st.by_point["stop"], 1);
-        assert_eq!(st.by_rules[NO_RULES], 3);
+        assert_eq!(st.by_rules[NO_RULES], 4);
         assert_eq!(st.by_rules["v2"], 1);
         assert_eq!(st.by_split["test"].explicit, 1);
         // task-0 hashes to train (pinned in split.rs).
-        assert_eq!(st.by_split["train"].hashed, 3);
-        assert_eq!(st.options, BTreeMap::from([(2, 1), (3, 2), (4, 1)]));
-        assert_eq!(st.answer_position, BTreeMap::from([(1, 1), (2, 1), (3, 1)]));
+        assert_eq!(st.by_split["train"].hashed, 4);
+        assert_eq!(st.options, BTreeMap::from([(2, 2), (3, 2), (4, 1)]));
+        assert_eq!(st.answer_position, BTreeMap::from([(1, 1), (2, 2), (3, 1)]));
         assert_eq!(
             (
                 st.teacher.with_teacher,
                 st.teacher.judged,
-                st.teacher.correct
+                st.teacher.correct,
+                st.teacher.agrees
             ),
-            (3, 2, 1)
+            (4, 3, 1, 2)
         );
-        assert_eq!(st.teacher.accuracy, Some(0.5));
+        assert_eq!(st.teacher.accuracy, Some(1.0 / 3.0));
         let text = st.render();
         assert!(
-            text.contains("accuracy") && text.contains("0.5000"),
+            text.contains("accuracy") && text.contains("0.3333"),
             "{text}"
         );
+        assert!(text.contains("blended                       2"), "{text}");
     }
 }

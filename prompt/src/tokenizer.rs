@@ -41,7 +41,8 @@ pub fn label_token_ids(tok: &Tokenizer, labels: &[String], n: usize) -> Result<V
     if !bad.is_empty() {
         bail!(
             "the tokenizer cannot label max_options = {n} options: {} {} not a single token of its \
-             vocabulary. Lower max_options or give labels (in decision.json) that are",
+             vocabulary. Lower max_options, or give labels (in decision.json) that are each one \
+             token, a different one for each label",
             bad.join(", "),
             if bad.len() == 1 { "is" } else { "are" }
         );

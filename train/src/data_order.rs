@@ -6,6 +6,7 @@
 //! seeded by (seed, e, i). So a checkpoint's (epoch, position) is all a resumed run needs to see
 //! the same examples in the same order.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Result, bail};
@@ -189,29 +190,49 @@ pub(crate) fn load_states(
     Ok(states)
 }
 
+/// A run refused for bad rows says how to train on the good ones.
+fn skip_bad_hint(e: anyhow::Error) -> anyhow::Error {
+    if e.downcast_ref::<decision_data::BadRows>().is_some() {
+        anyhow::anyhow!(
+            "{e:#}\nto train on the good rows, set [data] skip_bad = true (or --set \
+             data.skip_bad=true): the bad ones then go, unchanged, to quarantine.jsonl in the run \
+             folder"
+        )
+    } else {
+        e
+    }
+}
+
 /// Training and validation states of a run.
 ///
-/// Training: the rows of `[data] train` whose split is `train` (explicit, or by hashing the
-/// task id when absent — absent counts as `train` when a separate `valid` file is given).
-/// Validation: every row of `[data] valid`, or when there is none, the rows of `train` whose
-/// split is `valid`. Test rows are never used. With `[data] skip_bad`, bad rows go to
-/// `quarantine.jsonl` (and `quarantine.valid.jsonl`) in `run_dir`.
+/// Each row of `[data] train` has the split the contract gives it: its own `split`, or by
+/// hashing its task id when absent. `train` rows train and `test` rows are never used. `valid`
+/// rows validate, unless a separate `[data] valid` file is given: then that file's rows validate
+/// (all but those marked `test`), the train file's rows marked `valid` validate beside them, and
+/// its rows that only hash to `valid` train (the separate file takes the hashed share's place).
+/// The two files may share no id and no task: a split never cuts a task in two. With
+/// `[data] skip_bad`, bad rows go to `quarantine.jsonl` (and `quarantine.valid.jsonl`) in
+/// `run_dir`.
 pub fn load_run_states(cfg: &RunConfig, run_dir: &Path) -> Result<(Vec<State>, Vec<State>)> {
     let quarantine = cfg.data.skip_bad.then(|| run_dir.join("quarantine.jsonl"));
-    let all = load_states(&cfg.data.train, cfg.data.max_options, quarantine.as_deref())?;
+    let all = load_states(&cfg.data.train, cfg.data.max_options, quarantine.as_deref())
+        .map_err(skip_bad_hint)?;
     let ratios = SplitRatios::default();
     let separate_valid = cfg.data.valid.is_some();
-    let split_of = |s: &State| match s.split.as_deref().and_then(Split::parse) {
-        Some(sp) => sp,
-        None if separate_valid => Split::Train,
-        None => ratios.split_of_task(&s.task_id),
-    };
     let (mut train, mut valid) = (Vec::new(), Vec::new());
+    // with a separate valid file: the train file's ids and tasks, which that file may not repeat
+    let (mut ids_in_train_file, mut tasks_in_train_file) = (HashSet::new(), HashSet::new());
     for s in all {
-        match split_of(&s) {
+        if separate_valid {
+            ids_in_train_file.insert(s.id.clone());
+            tasks_in_train_file.insert(s.task_id.clone());
+        }
+        let explicit = s.split.as_deref().and_then(Split::parse);
+        match ratios.split_of(&s) {
             Split::Train => train.push(s),
-            Split::Valid if !separate_valid => valid.push(s),
-            _ => {}
+            Split::Valid if separate_valid && explicit.is_none() => train.push(s),
+            Split::Valid => valid.push(s),
+            Split::Test => {}
         }
     }
     if let Some(v) = &cfg.data.valid {
@@ -219,14 +240,39 @@ pub fn load_run_states(cfg: &RunConfig, run_dir: &Path) -> Result<(Vec<State>, V
             .data
             .skip_bad
             .then(|| run_dir.join("quarantine.valid.jsonl"));
-        valid = load_states(v, cfg.data.max_options, q.as_deref())?;
+        for s in load_states(v, cfg.data.max_options, q.as_deref()).map_err(skip_bad_hint)? {
+            let (file, train_file) = (v.display(), cfg.data.train.display());
+            if ids_in_train_file.contains(&s.id) {
+                bail!(
+                    "{file}: state {:?} is also in [data] train ({train_file}); an id is unique \
+                     in the dataset",
+                    s.id
+                );
+            }
+            if tasks_in_train_file.contains(&s.task_id) {
+                bail!(
+                    "{file}: task {:?} (state {:?}) also has states in [data] train \
+                     ({train_file}); a split never cuts a task in two, so keep each task's states \
+                     in one of the files",
+                    s.task_id,
+                    s.id
+                );
+            }
+            if s.split.as_deref().and_then(Split::parse) != Some(Split::Test) {
+                valid.push(s);
+            }
+        }
     }
     let unlabeled = train.iter().filter(|s| s.answer.is_none()).count();
     train.retain(|s| s.answer.is_some());
     if unlabeled > 0 {
         eprintln!("{unlabeled} unlabeled training state(s) have no answer and are not trained on");
     }
+    let unlabeled = valid.iter().filter(|s| s.answer.is_none()).count();
     valid.retain(|s| s.answer.is_some());
+    if unlabeled > 0 {
+        eprintln!("{unlabeled} unlabeled validation state(s) have no answer and are not used");
+    }
     if train.is_empty() {
         bail!("{}: no labelled training states", cfg.data.train.display());
     }
@@ -241,6 +287,78 @@ pub fn load_run_states(cfg: &RunConfig, run_dir: &Path) -> Result<(Vec<State>, V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labelled(id: &str, task: &str, split: Option<&str>) -> State {
+        State {
+            id: id.into(),
+            task_id: task.into(),
+            point: "tool".into(),
+            context: format!("context of {id}"),
+            candidates: ["a", "b"]
+                .iter()
+                .map(|c| decision_data::Candidate {
+                    id: (*c).into(),
+                    label: (*c).into(),
+                })
+                .collect(),
+            answer: Some("a".into()),
+            teacher: None,
+            after_error: false,
+            rules: None,
+            split: split.map(String::from),
+        }
+    }
+
+    #[test]
+    fn a_separate_valid_file_keeps_test_rows_out_and_shares_no_state_or_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let (train_file, valid_file) = (dir.path().join("train.jsonl"), dir.path().join("v.jsonl"));
+        let mut rows: Vec<State> = (0..60)
+            .map(|t| labelled(&format!("s{t}"), &format!("t{t}"), None))
+            .collect();
+        rows.push(labelled("marked", "m", Some("valid")));
+        decision_data::write_states(&train_file, &rows).unwrap();
+        let write_valid = |rows: &[State]| decision_data::write_states(&valid_file, rows).unwrap();
+        write_valid(&[
+            labelled("v1", "vt1", None),
+            labelled("v2", "vt2", Some("test")),
+        ]);
+        let cfg = RunConfig::parse(
+            "name = \"t\"\n[model]\ninit = \"random\"\n[model.arch]\nhidden_size = 32\n\
+             [data]\ntrain = \"x\"\n[train]\nmode = \"full\"\nbatch_size = 4\nmax_steps = 1\n",
+            &[
+                format!("data.train={}", train_file.display()),
+                format!("data.valid={}", valid_file.display()),
+            ],
+        )
+        .unwrap();
+        let ratios = SplitRatios::default();
+        let hashed = |task: &str| ratios.split_of_task(task);
+        let count = |want: Split| (0..60).filter(|t| hashed(&format!("t{t}")) == want).count();
+        assert!(
+            count(Split::Test) > 0 && count(Split::Valid) > 0,
+            "the fixture needs both"
+        );
+
+        let (train, valid) = load_run_states(&cfg, dir.path()).unwrap();
+        // test rows never train; rows that only hash to valid do, the valid file taking their place
+        assert!(train.iter().all(|s| hashed(&s.task_id) != Split::Test));
+        assert_eq!(train.len(), 60 - count(Split::Test));
+        let mut ids: Vec<&str> = valid.iter().map(|s| s.id.as_str()).collect();
+        ids.sort();
+        assert_eq!(ids, ["marked", "v1"]);
+
+        // an id or a task in both files stops the run
+        write_valid(&[labelled("s3", "vt3", None)]);
+        let e = format!("{:#}", load_run_states(&cfg, dir.path()).unwrap_err());
+        assert!(e.contains("state \"s3\" is also in [data] train"), "{e}");
+        write_valid(&[labelled("v4", "t4", None)]);
+        let e = format!("{:#}", load_run_states(&cfg, dir.path()).unwrap_err());
+        assert!(
+            e.contains("task \"t4\" (state \"v4\") also has states in [data] train"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn orders_are_seeded_permutations() {

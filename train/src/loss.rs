@@ -52,14 +52,6 @@ impl LossWeights {
     }
 }
 
-/// True when the teacher ranks `answer` first (ties for first place included).
-pub(crate) fn teacher_agrees(answer: usize, teacher: &[f32]) -> bool {
-    let Some(&ta) = teacher.get(answer) else {
-        return false;
-    };
-    teacher.iter().all(|&t| t <= ta)
-}
-
 /// The target distribution `q` over the candidates (in the order given).
 pub fn target(n: usize, answer: usize, teacher: Option<&[f32]>, teacher_blend: f32) -> Vec<f32> {
     assert!(
@@ -74,7 +66,7 @@ pub fn target(n: usize, answer: usize, teacher: Option<&[f32]>, teacher_blend: f
             n,
             "teacher vector length differs from the candidate count"
         );
-        if teacher_blend > 0.0 && teacher_agrees(answer, t) {
+        if teacher_blend > 0.0 && decision_data::stats::teacher_agrees(answer, t) {
             for (qi, &ti) in q.iter_mut().zip(t) {
                 *qi = (1.0 - teacher_blend) * *qi + teacher_blend * ti;
             }
@@ -328,9 +320,9 @@ mod tests {
     }
 
     #[test]
-    fn tie_for_first_counts_as_agreeing() {
-        assert!(teacher_agrees(1, &[0.4, 0.4, 0.2]));
-        assert!(!teacher_agrees(2, &[0.4, 0.4, 0.2]));
+    fn a_teacher_tying_the_answer_for_first_is_blended() {
+        assert_eq!(target(3, 1, Some(&[0.4, 0.4, 0.2]), 0.5), [0.2, 0.7, 0.1]);
+        assert_eq!(target(3, 2, Some(&[0.4, 0.4, 0.2]), 0.5), [0.0, 0.0, 1.0]);
     }
 
     fn fixture() -> serde_json::Value {

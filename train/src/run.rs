@@ -308,7 +308,16 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
     let (states, data_name) = match (&args.data, &loaded.run) {
         (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
         (None, Some(cfg)) => {
-            let (_, valid) = crate::data_order::load_run_states(cfg, Path::new(&src))?;
+            // bad rows a skip_bad run set aside are quarantined again, but not over the run's
+            // own quarantine files
+            let scratch = tempfile::tempdir().context("a temporary folder")?;
+            let valid = run_folder::validation_states(cfg, scratch.path()).with_context(|| {
+                format!(
+                    "{src}: reading the run's validation states ([data] in run.toml; a relative \
+                     path there is read from the current folder, so run eval where training \
+                     ran, or give --data)"
+                )
+            })?;
             (valid, "the run's validation states".to_string())
         }
         (None, None) => bail!("{flag} {src} is not a run folder (no run.toml): give --data STATES"),
