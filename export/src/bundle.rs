@@ -9,8 +9,14 @@
 //!   tokenizer.json       the tokenizer the model was trained with, byte for byte
 //!   thresholds.json      when given (decision-thresholds/1)
 //!   model.onnx           + model.onnx.data when the weights are external
-//!   model.mlpackage/     Core ML (when built)
+//!   model.mlpackage/     Core ML (when built; a bundle holds this or model.onnx, or both)
 //!   adapter/             PEFT layout: adapter_config.json, adapter_model.safetensors
+//!   coreml_config.json   always (keel accepts a model folder only when it holds this file):
+//!                        model.mlpackage's inputs, outputs and shapes, or `package: null`
+//!                        when there is none (schema decision-coreml-config/1, coreml::config)
+//!   probes.jsonl         with model.onnx: the probe states as tokens with the reference's
+//!                        answers, which `bundle verify` runs model.onnx on again
+//!                        (decision-probes/1, onnx::probes)
 //! ```
 //!
 //! A bundle is assembled in a hidden sibling folder ([`Staging`]) and renamed into place once

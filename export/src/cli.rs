@@ -81,7 +81,11 @@ impl ExportArgs {
     /// Run the export and print its summary.
     pub fn run(&self) -> Result<ExitCode> {
         for line in crate::run(&self.options)? {
-            println!("{line}");
+            if line.starts_with("warning: ") {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
         }
         Ok(ExitCode::SUCCESS)
     }

@@ -4,6 +4,7 @@
 //! publish the bundle; on any failure nothing is published. [`run`] takes the options the command
 //! line parses ([`ExportOptions`]); [`run_from`] takes an already opened [`Source`].
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -53,7 +54,7 @@ pub struct ExportOptions {
     /// thresholds.json from `decision fit`, copied into the bundle after a schema check
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
-    /// Comma-separated formats to write
+    /// Comma-separated formats to write (onnx or coreml among them: a bundle holds a model file)
     #[arg(long, value_enum, value_delimiter = ',', default_value = "onnx")]
     pub formats: Vec<Format>,
     /// The bundle folder to create
@@ -106,8 +107,60 @@ fn parse_point_rules(args: &[String]) -> Result<Vec<decision_prompt::spec::Point
         .collect()
 }
 
-/// Run an export; returns the summary lines. `--out` is checked (and its staging folder made, so
-/// an unwritable location fails now) before the model is read.
+/// The points a request can be given under decision.json's point rules `rules` (as
+/// decision-worker names them, [`decision_prompt::DecisionSpec::point_for`]): each rule's point,
+/// except a rule that can never be the first to match (after a catch-all, or offering the same
+/// candidate set as an earlier rule); with no catch-all, `point_for`'s own fallback `intake` too.
+fn producible_points(rules: &[decision_prompt::spec::PointRule]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut seen: BTreeSet<Vec<&str>> = BTreeSet::new();
+    for r in rules {
+        match &r.candidates {
+            None => {
+                out.insert(r.point.clone());
+                return out;
+            }
+            Some(ids) => {
+                let mut set: Vec<&str> = ids.iter().map(String::as_str).collect();
+                set.sort_unstable();
+                set.dedup();
+                if seen.insert(set) {
+                    out.insert(r.point.clone());
+                }
+            }
+        }
+    }
+    out.insert("intake".into());
+    out
+}
+
+/// A warning when thresholds.json names points that none of the point `rules` produces:
+/// decision-worker never gives a request those points, so their thresholds go unused (unless it
+/// runs with `--point`), while the requests land at points the file may have no threshold for.
+fn unproduced_points_warning<'a>(
+    rules: &[decision_prompt::spec::PointRule],
+    threshold_points: impl Iterator<Item = &'a str>,
+) -> Option<String> {
+    let producible = producible_points(rules);
+    let missing: Vec<&str> = threshold_points
+        .filter(|p| !producible.contains(*p))
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let produced: Vec<&str> = producible.iter().map(String::as_str).collect();
+    Some(format!(
+        "warning: thresholds.json fits points {} that no point rule in decision.json produces \
+         (its rules give {}): decision-worker never uses those thresholds (unless started with \
+         --point) and escalates every request at a point without one; name the points with \
+         --point-rule POINT=IDS",
+        missing.join(", "),
+        produced.join(", ")
+    ))
+}
+
+/// Run an export; returns the summary lines (a warning's begins `warning: `). `--out` is checked
+/// (and its staging folder made, so an unwritable location fails now) before the model is read.
 pub fn run(opts: &ExportOptions) -> Result<Vec<String>> {
     let staging = prepare(opts)?;
     let source = Source::open(
@@ -145,6 +198,25 @@ fn origin(opts: &ExportOptions) -> Result<Origin> {
 fn check_args(opts: &ExportOptions) -> Result<()> {
     if opts.formats.is_empty() {
         bail!("--formats lists nothing to write");
+    }
+    // Contracts section 5: a bundle holds a model file. The adapter alone is no model the
+    // harness (or decision-worker) can run.
+    if !opts
+        .formats
+        .iter()
+        .any(|f| matches!(f, Format::Onnx | Format::Coreml))
+    {
+        // The names as the command line spells them.
+        let given: Vec<String> = opts
+            .formats
+            .iter()
+            .filter_map(|f| Some(f.to_possible_value()?.get_name().to_string()))
+            .collect();
+        let given = given.join(",");
+        bail!(
+            "--formats {given} writes no model the harness can run; add onnx (or coreml): \
+             --formats onnx,{given}"
+        );
     }
     if let Some(t) = &opts.thresholds {
         verify::check_thresholds(t).context("--thresholds")?;
@@ -204,6 +276,14 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
         spec.point_rules = decision_prompt::spec::keel_point_rules();
     }
     spec.validate().context("--point-rule")?;
+    let mut lines = Vec::new();
+    if let Some(t) = &opts.thresholds {
+        let file = decision_data::contract::thresholds::ThresholdsFile::read(t)?;
+        lines.extend(unproduced_points_warning(
+            &spec.effective_point_rules(),
+            file.points.keys().map(String::as_str),
+        ));
+    }
     let temperature = spec.temperature;
     // The reference's answers first; then its weights are freed before any model file is
     // loaded, so peak memory is one model, not two.
@@ -269,7 +349,6 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
     }
 
     // Each format writes its files and passes its own gate; one arm per format.
-    let mut lines = Vec::new();
     let mut verified = Vec::new();
     let mut formats = Formats::default();
     for format in [Format::Onnx, Format::Coreml, Format::Peft] {
@@ -385,4 +464,35 @@ fn export_into(source: Source, opts: &ExportOptions, staging: Staging) -> Result
         count
     ));
     Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(args: &[&str]) -> Vec<decision_prompt::spec::PointRule> {
+        parse_point_rules(&args.iter().map(|r| r.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn points_no_rule_produces_are_warned_about() {
+        // keel's default rules give pre_step and intake.
+        let keel = decision_prompt::spec::keel_point_rules();
+        let w = unproduced_points_warning(&keel, ["tool", "stop", "intake"].into_iter()).unwrap();
+        assert!(
+            w.starts_with("warning: thresholds.json fits points tool, stop that no point rule")
+                && w.contains("(its rules give intake, pre_step)"),
+            "{w}"
+        );
+        assert!(unproduced_points_warning(&keel, ["pre_step", "intake"].into_iter()).is_none());
+        // A rule offering the same candidate set as an earlier one never matches first.
+        let shadowed = rules(&["tool=a,b", "stop=b,a", "rest"]);
+        assert_eq!(
+            producible_points(&shadowed),
+            BTreeSet::from(["tool".to_string(), "rest".to_string()])
+        );
+        let w = unproduced_points_warning(&shadowed, ["tool", "stop"].into_iter()).unwrap();
+        assert!(w.contains("fits points stop that"), "{w}");
+        assert!(unproduced_points_warning(&shadowed, ["tool", "rest"].into_iter()).is_none());
+    }
 }

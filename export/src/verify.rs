@@ -3,8 +3,12 @@
 //!
 //! - `manifest.json`: schema `decision-bundle/1`, the fields [`crate::bundle::Manifest`] needs;
 //! - files: each listed file exists with its size and SHA-256; no file is unlisted;
-//! - `decision.json`: decision-config/1 as decision-train reads it, and its label token ids are
-//!   what `tokenizer.json` encodes the labels as;
+//! - a model file: the manifest's `formats` name `model.onnx` or `model.mlpackage` (or both);
+//! - `decision.json`: decision-config/1 as decision-train reads it, its label token ids are
+//!   what `tokenizer.json` encodes the labels as, and its `temperature` is the manifest's
+//!   `model.temperature` (decision-worker refuses a bundle where they differ);
+//! - `coreml_config.json` (every bundle: keel accepts a model folder only when it holds one):
+//!   schema `decision-coreml-config/1`, describing the manifest's `model.mlpackage` or none;
 //! - `thresholds.json` (when present): decision-thresholds/1 (contracts section 4);
 //! - `adapter/`: a PEFT LoRA adapter whose keys fit the model's config;
 //! - `model.onnx`: decodes, has the contract interface, the opset the manifest says, external data
@@ -71,12 +75,22 @@ pub fn verify(dir: &Path) -> Verdict {
             return v;
         }
     };
+    // Contracts section 5: a bundle holds a model file the harness can run.
+    if manifest.formats.onnx.is_none() && manifest.formats.coreml.is_none() {
+        v.problems.push(
+            "manifest.json: formats names no model file (neither model.onnx nor \
+             model.mlpackage), so the harness has nothing to run; export again with --formats \
+             onnx (or coreml)"
+                .into(),
+        );
+    }
     // The manifest walk the worker runs too; here an unlisted file is a problem as well.
-    let walk = decision_data::contract::bundle::walk(
-        dir,
-        &manifest.files,
-        &[bundle::DECISION, bundle::TOKENIZER],
-    );
+    // coreml_config.json is required: keel accepts a model folder only when it holds one.
+    let mut required = vec![bundle::DECISION, bundle::TOKENIZER, coreml::config::FILE];
+    if let Some(o) = &manifest.formats.onnx {
+        required.push(o.file.as_str());
+    }
+    let walk = decision_data::contract::bundle::walk(dir, &manifest.files, &required);
     v.files_checked = walk.files_checked;
     v.problems.extend(walk.problems);
     for p in walk.unlisted {
@@ -84,7 +98,10 @@ pub fn verify(dir: &Path) -> Verdict {
             .push(format!("{p}: in the bundle but not in manifest.json"));
     }
     let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
-    check_decision(dir, &mut v);
+    check_decision(dir, &manifest, &mut v);
+    if listed.contains(coreml::config::FILE) {
+        check_coreml_config(dir, &manifest, &mut v);
+    }
     if listed.contains(bundle::THRESHOLDS)
         && let Err(e) = check_thresholds(&dir.join(bundle::THRESHOLDS))
     {
@@ -124,7 +141,7 @@ pub fn verify(dir: &Path) -> Verdict {
     v
 }
 
-fn check_decision(dir: &Path, v: &mut Verdict) {
+fn check_decision(dir: &Path, manifest: &Manifest, v: &mut Verdict) {
     let path = dir.join(bundle::DECISION);
     let spec = match decision_prompt::DecisionSpec::from_file(&path) {
         Ok(s) => s,
@@ -133,6 +150,12 @@ fn check_decision(dir: &Path, v: &mut Verdict) {
             return;
         }
     };
+    // The temperature the model files apply, twice: decision-worker refuses a bundle whose two
+    // differ, by the same rule.
+    v.problems.extend(decision_data::contract::bundle::temperature_problem(
+        manifest.model.temperature,
+        spec.temperature,
+    ));
     let tok = match decision_prompt::tokenizer::load(&dir.join(bundle::TOKENIZER)) {
         Ok(t) => t,
         Err(e) => {
@@ -147,6 +170,28 @@ fn check_decision(dir: &Path, v: &mut Verdict) {
             spec.label_token_ids
         )),
         Ok(_) => {}
+    }
+}
+
+/// `coreml_config.json` read as the exporter wrote it ([`coreml::config::read`]), describing the
+/// bundle's `model.mlpackage`, or saying there is none, as the manifest does.
+fn check_coreml_config(dir: &Path, manifest: &Manifest, v: &mut Verdict) {
+    let file = coreml::config::FILE;
+    let config = match coreml::config::read(&dir.join(file)) {
+        Ok(c) => c,
+        Err(e) => {
+            v.problems.push(format!("{file}: {e:#}"));
+            return;
+        }
+    };
+    let package = manifest.formats.coreml.as_ref().map(|c| c.file.as_str());
+    if config.package.as_deref() != package {
+        let say = |p: Option<&str>| p.map_or("none".to_string(), |p| format!("{p:?}"));
+        v.problems.push(format!(
+            "{file}: describes package {}, manifest.json's formats.coreml names {}",
+            say(config.package.as_deref()),
+            say(package)
+        ));
     }
 }
 

@@ -232,6 +232,15 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
     a.formats = vec![Format::Onnx, Format::Peft];
     let lines = run(&a).unwrap();
     eprintln!("{}", lines.join("\n"));
+    // thresholds.json's points (tool, stop) are none of keel's default rules' (pre_step,
+    // intake): decision-worker would never use them, and the export says so.
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "warning: thresholds.json fits points stop, tool that no point rule in decision.json \
+             produces (its rules give intake, pre_step)"
+        )),
+        "{lines:?}"
+    );
 
     let m = manifest(&out);
     assert_eq!(m.schema, "decision-bundle/1");
@@ -337,6 +346,152 @@ fn lora_bundle_passes_the_gate_verifies_and_any_tampering_is_caught() {
             .iter()
             .any(|p| p.contains("extra.bin: in the bundle but not in manifest.json"))
     );
+}
+
+/// Rewrite manifest.json's `files` to list what the bundle holds now, with their sizes and
+/// hashes, as someone editing a bundle by hand would (so only the semantic checks can object).
+fn relist(bundle: &Path) {
+    let path = bundle.join("manifest.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let files: Vec<Value> = decision_export::bundle::list_files(bundle)
+        .unwrap()
+        .into_iter()
+        .map(|p| {
+            let (bytes, sha256) = decision_export::bundle::hash_file(&bundle.join(&p)).unwrap();
+            serde_json::json!({"path": p, "bytes": bytes, "sha256": sha256})
+        })
+        .collect();
+    m["files"] = files.into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+/// `bundle verify`'s problems with `file` rewritten to `bytes` (`None`: removed) and the
+/// manifest relisted; the file is put back (and relisted) afterwards.
+fn problems_with(bundle: &Path, file: &str, bytes: Option<&[u8]>) -> Vec<String> {
+    let path = bundle.join(file);
+    let original = std::fs::read(&path).unwrap();
+    match bytes {
+        Some(b) => std::fs::write(&path, b).unwrap(),
+        None => std::fs::remove_file(&path).unwrap(),
+    }
+    relist(bundle);
+    let problems = verify(bundle).problems;
+    std::fs::write(&path, original).unwrap();
+    relist(bundle);
+    problems
+}
+
+#[test]
+fn a_bundle_without_a_model_file_is_neither_exported_nor_verified() {
+    let root = tempfile::tempdir().unwrap();
+    // The adapter alone is no model the harness can run: refused before any work.
+    let out = root.path().join("adapter-only");
+    let mut a = args(&out);
+    a.adapter = Some(fixtures().join("tiny-lora"));
+    a.formats = vec![Format::Peft];
+    let err = format!("{:#}", run(&a).unwrap_err());
+    assert!(
+        err.contains("--formats peft writes no model the harness can run")
+            && err.contains("add onnx (or coreml)")
+            && err.contains("--formats onnx,peft"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+
+    // A bundle made so by hand (model.onnx, its probes and formats.onnx removed, the manifest
+    // relisted) fails verify.
+    let out = root.path().join("bundle");
+    run(&args(&out)).unwrap();
+    assert!(verify(&out).ok());
+    for f in ["model.onnx", "probes.jsonl"] {
+        std::fs::remove_file(out.join(f)).unwrap();
+    }
+    let path = out.join("manifest.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    m["formats"].as_object_mut().unwrap().remove("onnx");
+    m["verified_with"] = serde_json::json!([]);
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    relist(&out);
+    let v = verify(&out);
+    assert_eq!(v.problems.len(), 1, "{:?}", v.problems);
+    assert!(
+        v.problems[0].contains("formats names no model file")
+            && v.problems[0].contains("--formats onnx"),
+        "{:?}",
+        v.problems
+    );
+}
+
+#[test]
+fn verify_checks_coreml_config_and_the_temperature_the_worker_checks() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("bundle");
+    run(&args(&out)).unwrap();
+    assert!(verify(&out).ok());
+
+    // keel accepts a folder only with coreml_config.json: its absence fails, even relisted.
+    let p = problems_with(&out, "coreml_config.json", None);
+    assert_eq!(
+        p,
+        ["coreml_config.json: not listed in manifest.json, so it cannot be trusted"]
+    );
+    // Read as the exporter writes it: its schema, and the package it describes.
+    let p = problems_with(
+        &out,
+        "coreml_config.json",
+        Some(br#"{"schema":"nonsense/9"}"#),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("coreml_config.json: schema is \"nonsense/9\"")
+            && p[0].contains("decision-coreml-config/1"),
+        "{p:?}"
+    );
+    let p = problems_with(&out, "coreml_config.json", Some(b"not json"));
+    assert!(
+        p.len() == 1 && p[0].starts_with("coreml_config.json: not valid JSON"),
+        "{p:?}"
+    );
+    let claims_a_package =
+        br#"{"schema": "decision-coreml-config/1", "package": "model.mlpackage"}"#;
+    let p = problems_with(&out, "coreml_config.json", Some(claims_a_package));
+    assert_eq!(
+        p,
+        [
+            "coreml_config.json: describes package \"model.mlpackage\", manifest.json's \
+          formats.coreml names none"
+        ]
+    );
+
+    // decision.json's temperature against the manifest's, as decision-worker compares them.
+    let text = std::fs::read_to_string(out.join("decision.json")).unwrap();
+    let mut spec: Value = serde_json::from_str(&text).unwrap();
+    let t = spec["temperature"].as_f64().unwrap();
+    assert_eq!(t, manifest(&out).model.temperature);
+    spec["temperature"] = (t * 2.0).into();
+    let p = problems_with(
+        &out,
+        "decision.json",
+        Some(&serde_json::to_vec_pretty(&spec).unwrap()),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains(&format!("decision.json's temperature is {}", t * 2.0))
+            && p[0].contains(&format!(
+                "model.temperature (the one the model files apply) is {t}"
+            )),
+        "{p:?}"
+    );
+    // Within the worker's tolerance (1e-9 relative) it is the same temperature.
+    spec["temperature"] = (t * (1.0 + 1e-12)).into();
+    let p = problems_with(
+        &out,
+        "decision.json",
+        Some(&serde_json::to_vec_pretty(&spec).unwrap()),
+    );
+    assert!(p.is_empty(), "{p:?}");
+    assert!(verify(&out).ok());
 }
 
 #[test]

@@ -152,15 +152,11 @@ impl Bundle {
         } else {
             (Thresholds::new(), false)
         };
-        let t_model = manifest.model.temperature;
-        if !(t_model.is_finite() && t_model > 0.0) {
-            bail!("manifest.json: model.temperature {t_model} is not a positive number");
-        }
-        if (t_model - spec.temperature).abs() > 1e-9 * t_model.max(1.0) {
-            bail!(
-                "manifest.json says model.onnx applies temperature {t_model}, decision.json says {}",
-                spec.temperature
-            );
+        if let Some(problem) = decision_data::contract::bundle::temperature_problem(
+            manifest.model.temperature,
+            spec.temperature,
+        ) {
+            bail!("{problem}");
         }
         let onnx_path = dir.join(&onnx.file);
         let plan = tract_onnx::onnx()
@@ -174,7 +170,7 @@ impl Bundle {
             prompter,
             thresholds,
             has_thresholds,
-            model_temperature: t_model,
+            model_temperature: manifest.model.temperature,
             bundle_sha256: sha256_hex(&manifest_bytes),
             model_sha256: listed[onnx.file.as_str()].sha256.clone(),
             unlisted,

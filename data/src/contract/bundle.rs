@@ -27,6 +27,23 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
+/// The temperature the model files apply (manifest.json's `model.temperature`) against
+/// decision.json's: a bundle is whole only when they are one positive number (within 1e-9,
+/// relative). The problem, when there is one, for `bundle verify` and decision-worker alike.
+pub fn temperature_problem(manifest: f64, decision: f64) -> Option<String> {
+    if !(manifest.is_finite() && manifest > 0.0) {
+        return Some(format!(
+            "manifest.json: model.temperature {manifest} is not a positive number"
+        ));
+    }
+    ((manifest - decision).abs() > 1e-9 * manifest.max(1.0)).then(|| {
+        format!(
+            "decision.json's temperature is {decision}, manifest.json's model.temperature (the \
+             one the model files apply) is {manifest}"
+        )
+    })
+}
+
 /// Whether a manifest path names a file inside the bundle (relative, `/`-separated, no `.` or
 /// `..` parts).
 pub fn inside(rel: &str) -> bool {

@@ -1,17 +1,45 @@
 //! `coreml_config.json` (contracts section 5): a description of `model.mlpackage`'s inputs,
 //! outputs and shapes. keel accepts a model folder only when a file of this name is in it (it
 //! never reads it). The description is read back from the package just written, so it says what
-//! the package holds, not what the writer meant to write.
+//! the package holds, not what the writer meant to write. [`read`] reads it back for
+//! `decision bundle verify`.
 
 use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::pb;
 
 pub const FILE: &str = "coreml_config.json";
 pub const SCHEMA: &str = "decision-coreml-config/1";
+
+/// What `decision bundle verify` holds `coreml_config.json` to: its schema (checked by [`read`])
+/// and the package it describes (`None`: the bundle holds no `model.mlpackage`). The rest of
+/// what [`describe`] writes is description, read by people, not checked.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CoremlConfig {
+    pub schema: String,
+    /// The package's bundle-relative name; `null` when there is none.
+    pub package: Option<String>,
+}
+
+/// Read `coreml_config.json` at `path`: a JSON object of schema [`SCHEMA`] with a `package`
+/// (a name or `null`). Errors say what is wrong, not where (the caller names the file).
+pub fn read(path: &Path) -> Result<CoremlConfig> {
+    let text = std::fs::read_to_string(path).context("cannot be read")?;
+    let json: Value = serde_json::from_str(&text).context("not valid JSON")?;
+    match json.get("schema") {
+        Some(Value::String(s)) if s == SCHEMA => {}
+        Some(other) => bail!("schema is {other}, this build reads {SCHEMA:?}"),
+        None => bail!("no schema (this build reads {SCHEMA:?})"),
+    }
+    if json.get("package").is_none() {
+        bail!("no `package` (the package's name, or null when the bundle holds none)");
+    }
+    serde_json::from_value(json).context("not a Core ML config")
+}
 
 fn array_dtype(t: i32) -> &'static str {
     use pb::array_feature_type::ArrayDataType as D;
