@@ -126,11 +126,12 @@ fn the_same_receipts_given_four_times_count_once() {
     ))
     .unwrap();
     let t = &got.thresholds;
-    // in/r.jsonl (10), in/month: a.jsonl (10), b.parquet (10), c.jsonl (35), in/r.jsonl (10)
-    assert_eq!(t.source.files.len(), 5);
+    // in/ with its subfolder: month/a.jsonl (10), month/b.parquet (10), month/c.jsonl (35),
+    // r.jsonl (10); in/month again: a, b, c (55); in/r.jsonl (10)
+    assert_eq!(t.source.files.len(), 8);
     assert_eq!(
         (t.source.records, t.source.duplicates, t.source.valid),
-        (75, 40, 35)
+        (130, 95, 35)
     );
     let tool = &t.points["tool"];
     assert_eq!(

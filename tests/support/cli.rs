@@ -29,29 +29,23 @@ pub fn decision_ok(dir: &Path, args: &[&str]) -> Output {
     o
 }
 
-/// `decision gen states` of `tasks` tasks of the v1 rules into `dir/states.jsonl`.
+/// `decision gen states` of `tasks` tasks of the v1 rules into `dir/states.jsonl` (seed `seed`),
+/// and of two tasks into `dir/valid.jsonl` (seed `seed + 1`: other ids and tasks).
 pub fn gen_states(dir: &Path, tasks: u32, seed: u64) {
-    let (tasks, seed) = (tasks.to_string(), seed.to_string());
-    decision_ok(
-        dir,
-        &[
-            "gen",
-            "states",
-            "--rules",
-            "v1",
-            "--tasks",
-            &tasks,
-            "--seed",
-            &seed,
-            "--out",
-            "states.jsonl",
-        ],
-    );
+    for (tasks, seed, out) in [(tasks, seed, "states.jsonl"), (2, seed + 1, "valid.jsonl")] {
+        let (tasks, seed) = (tasks.to_string(), seed.to_string());
+        decision_ok(
+            dir,
+            &[
+                "gen", "states", "--rules", "v1", "--tasks", &tasks, "--seed", &seed, "--out", out,
+            ],
+        );
+    }
 }
 
-/// `dir/run.toml`: a run named `name` of the tiny base (models/tiny-base) on `dir/states.jsonl`
-/// (train and valid, up to 16 options and 512 tokens), then the sections in `rest` (`[lora]`,
-/// `[train]`, `[eval]`).
+/// `dir/run.toml`: a run named `name` of the tiny base (models/tiny-base) on `dir/states.jsonl`,
+/// validated on `dir/valid.jsonl` ([`gen_states`] writes both; up to 16 options and 512 tokens),
+/// then the sections in `rest` (`[lora]`, `[train]`, `[eval]`).
 pub fn write_tiny_base_run(dir: &Path, name: &str, rest: &str) {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-base");
     let source = base.display().to_string().replace('\\', "/");
@@ -59,7 +53,7 @@ pub fn write_tiny_base_run(dir: &Path, name: &str, rest: &str) {
         dir.join("run.toml"),
         format!(
             "name = {name:?}\n[model]\ninit = \"pretrained\"\nsource = {source:?}\n[data]\n\
-             train = \"states.jsonl\"\nvalid = \"states.jsonl\"\nmax_options = 16\n\
+             train = \"states.jsonl\"\nvalid = \"valid.jsonl\"\nmax_options = 16\n\
              max_tokens = 512\n{rest}"
         ),
     )

@@ -185,7 +185,14 @@ fn lora_config(dir: &Path, backend: &str, dtype: &str) -> RunConfig {
     let (data, valid) = (dir.join("states.jsonl"), dir.join("valid.jsonl"));
     if !data.exists() {
         decision_data::write_states(&data, &states).unwrap();
-        decision_data::write_states(&valid, &states[..6]).unwrap();
+        // validation states of another seed: other ids and tasks, as a run requires
+        let other = decision_data::r#gen::generate(&decision_data::r#gen::GenOptions {
+            tasks: 2,
+            seed: 12,
+            ..Default::default()
+        })
+        .unwrap();
+        decision_data::write_states(&valid, &other[..6]).unwrap();
     }
     let text = format!(
         r#"
