@@ -95,8 +95,15 @@ fn a_bundle_and_its_model_folder_decide_the_same_and_fit_reads_the_receipts() {
     );
     assert_eq!(receipts_bundle.len(), receipts_folder.len());
     assert!(!receipts_bundle.is_empty());
+    // each id names its model, so two models' receipts can share a folder; the rest is the same
+    let state_of = |r: &Value| {
+        let (id, model) = (r["id"].as_str().unwrap(), r["model"].as_str().unwrap());
+        assert!(id.contains(&format!(":{model}:")), "{id} names not {model}");
+        id.replacen(&format!(":{model}:"), ":", 1)
+    };
+    assert_ne!(receipts_bundle[0]["id"], receipts_folder[0]["id"]);
     for (a, b) in receipts_bundle.iter().zip(&receipts_folder) {
-        assert_eq!(a["id"], b["id"]);
+        assert_eq!(state_of(a), state_of(b));
         assert_eq!(a["outcome"], b["outcome"]);
         assert_eq!(a["shadow"], b["shadow"]);
         assert_eq!(a["result"]["id"], b["result"]["id"], "{a}\n{b}");
@@ -107,13 +114,15 @@ fn a_bundle_and_its_model_folder_decide_the_same_and_fit_reads_the_receipts() {
         assert!((ca - cb).abs() < 1e-4, "{ca} vs {cb}: {a}");
     }
 
-    // The shadow receipts are contract receipts: fit reads every one of them.
+    // The shadow receipts are contract receipts: fit reads every one of them, both models'
+    // together (their ids differ by the model).
     let thresholds = tmp.path().join("thresholds.json");
     let receipts = tmp.path().join("bundle.jsonl");
     let out = decision(&[
         "fit",
         "--receipts",
         s(&receipts),
+        s(&tmp.path().join("folder.jsonl")),
         "--config",
         "configs/fit.toml",
         "--out",
@@ -127,7 +136,7 @@ fn a_bundle_and_its_model_folder_decide_the_same_and_fit_reads_the_receipts() {
         .values()
         .map(|p| p["judged"].as_u64().unwrap_or(0))
         .sum();
-    assert_eq!(n, receipts_bundle.len() as u64, "{th}");
+    assert_eq!(n, 2 * receipts_bundle.len() as u64, "{th}");
 }
 
 #[test]
@@ -155,5 +164,47 @@ fn cascade_without_thresholds_and_receipts_without_a_recording_mode_are_refused(
         assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
         assert!(text.contains(says), "{args:?}: {text}");
         assert!(!tmp.path().join("r.jsonl").exists());
+    }
+}
+
+#[test]
+fn outputs_that_cannot_be_written_stop_the_simulation_before_it_runs_and_nothing_lands() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = root().join("models/tiny-base");
+    std::fs::write(tmp.path().join("blocker"), b"a file, not a folder").unwrap();
+    for (outputs, says) in [
+        (vec!["--receipts", "r.txt"], "unknown format"),
+        (
+            vec!["--receipts", "r.jsonl", "--report", "blocker/r.json"],
+            "--report's chart blocker/r.svg: cannot write there",
+        ),
+    ] {
+        let out = cli::decision_in(
+            tmp.path(),
+            &[
+                &[
+                    "sim",
+                    "--tasks",
+                    "3",
+                    "--modes",
+                    "shadow",
+                    "--model",
+                    s(&model),
+                ][..],
+                &outputs,
+            ]
+            .concat(),
+        );
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{outputs:?}: {text}");
+        assert!(text.contains(says), "{outputs:?}: {text}");
+        // refused before the simulation: no table printed, no file left
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
     }
 }

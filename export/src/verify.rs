@@ -152,10 +152,11 @@ fn check_decision(dir: &Path, manifest: &Manifest, v: &mut Verdict) {
     };
     // The temperature the model files apply, twice: decision-worker refuses a bundle whose two
     // differ, by the same rule.
-    v.problems.extend(decision_data::contract::bundle::temperature_problem(
-        manifest.model.temperature,
-        spec.temperature,
-    ));
+    v.problems
+        .extend(decision_data::contract::bundle::temperature_problem(
+            manifest.model.temperature,
+            spec.temperature,
+        ));
     let tok = match decision_prompt::tokenizer::load(&dir.join(bundle::TOKENIZER)) {
         Ok(t) => t,
         Err(e) => {

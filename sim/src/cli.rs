@@ -1,6 +1,7 @@
 //! `decision sim`: arguments and the run. Loading the model is the caller's (the CLI knows the
 //! bundle runtime and the trainer; this crate knows neither), passed in as a closure.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -208,18 +209,48 @@ pub fn run(args: &SimArgs, load: impl FnOnce(&str) -> Result<LoadedModel>) -> Re
             r.display()
         );
     }
+    // Every output is opened before the simulation, so a path that cannot be written stops it
+    // first; the outputs land together at the end, or none does.
+    let mut staged = decision_data::outputs::Staged::new();
+    let report_files = match &args.report {
+        Some(r) => Some((
+            staged.file("--report's chart", &svg_path(r))?,
+            staged.file("--report", r)?,
+        )),
+        None => None,
+    };
+    let mut receipts_out = match &args.receipts {
+        Some(path) => {
+            staged.will_create(decision_data::outputs::parent(path));
+            Some(
+                decision_data::receipts_io::ReceiptWriter::create(path)
+                    .with_context(|| format!("--receipts {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let model = args.model.as_deref().map(load).transpose()?;
     let out = simulate(args, model)?;
     print!("{}", table(&out.report));
-    if let Some(path) = &args.receipts {
-        let receipts: Vec<_> = out.runs.iter().flat_map(|r| &r.receipts).collect();
-        let n = decision_data::receipts_io::write_receipts(path, receipts.iter().copied())
+    if let Some(w) = &mut receipts_out {
+        for r in out.runs.iter().flat_map(|r| &r.receipts) {
+            w.write(r)?;
+        }
+    }
+    if let Some((chart, report)) = report_files {
+        staged.get(chart).write_all(svg(&out.report).as_bytes())?;
+        let mut json = serde_json::to_vec_pretty(&out.report)?;
+        json.push(b'\n');
+        staged.get(report).write_all(&json)?;
+    }
+    staged.publish()?;
+    if let (Some(w), Some(path)) = (receipts_out, &args.receipts) {
+        let n = w
+            .finish()
             .with_context(|| format!("writing --receipts {}", path.display()))?;
         println!("receipts  {} ({n})", path.display());
     }
     if let Some(path) = &args.report {
-        decision_data::atomic::write_atomic(svg_path(path), svg(&out.report).as_bytes())?;
-        decision_data::atomic::write_json_atomic(path, &out.report)?;
         println!(
             "report    {} , {}",
             path.display(),

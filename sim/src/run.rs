@@ -243,7 +243,11 @@ fn receipt(
             }),
         });
     Receipt {
-        id: format!("sim-{mode}-{}", state.id),
+        // the model in the id: two models' receipts of one simulation can share a folder
+        id: match model {
+            Some(m) => format!("sim:{mode}:{m}:{}", state.id),
+            None => format!("sim:{mode}:{}", state.id),
+        },
         at: cfg.at.clone(),
         point: state.point.clone(),
         model: model.map(str::to_string),

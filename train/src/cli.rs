@@ -93,9 +93,10 @@ pub struct EvalArgs {
     /// States to evaluate (Parquet/JSON Lines file or folder); required with --model.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Which split of --data to evaluate: all, train, valid or test.
-    #[arg(long, default_value = "all")]
-    pub split: String,
+    /// Which split of --data to evaluate: all (the default), train, valid or test. Without
+    /// --data, eval takes the run's validation states, and --split is refused.
+    #[arg(long, requires = "data")]
+    pub split: Option<String>,
     /// Write one shadow receipt per state here (contracts section 3), for `decision fit`.
     #[arg(long)]
     pub receipts: Option<PathBuf>,

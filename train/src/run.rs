@@ -305,8 +305,13 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         None => None,
     };
     let loaded = run_folder::load(flag, &src, args.backend)?;
+    // the split evaluated: of --data, or the run's validation states
+    let split = match (&args.data, &args.split) {
+        (Some(_), s) => s.clone().unwrap_or_else(|| "all".into()),
+        (None, _) => "valid".into(),
+    };
     let (states, data_name) = match (&args.data, &loaded.run) {
-        (Some(d), _) => (states_of_split(d, &args.split)?, d.display().to_string()),
+        (Some(d), _) => (states_of_split(d, &split)?, d.display().to_string()),
         (None, Some(cfg)) => {
             // bad rows a skip_bad run set aside are quarantined again, but not over the run's
             // own quarantine files
@@ -323,9 +328,42 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         (None, None) => bail!("{flag} {src} is not a run folder (no run.toml): give --data STATES"),
     };
     if states.is_empty() {
+        bail!("no states to evaluate in {data_name} (split {split})");
+    }
+    // Metrics need an answer key; unlabelled states get only their receipts (pending for fit).
+    let unlabelled = states.iter().filter(|s| s.answer.is_none()).count();
+    if unlabelled == states.len() && args.receipts.is_none() {
         bail!(
-            "no states to evaluate in {data_name} (split {})",
-            args.split
+            "{data_name} (split {split}): none of its {} states has an answer, so there is \
+             nothing to measure; `decision score` scores unlabelled states",
+            states.len()
+        );
+    }
+    if unlabelled > 0 {
+        eprintln!(
+            "{unlabelled} of {} states have no answer: they are left out of the metrics and the \
+             flip rate{}",
+            states.len(),
+            if args.receipts.is_some() {
+                " (their receipts are written, without a shadow reference)"
+            } else {
+                ""
+            }
+        );
+    }
+    // A prompt over max_tokens is cut to score it here; the worker answers `capacity` instead,
+    // and the harness decides: such a state's receipt is an abstention.
+    let cut: Vec<bool> = states
+        .iter()
+        .map(|s| loaded.dm.encode(s).map(|e| e.truncated))
+        .collect::<Result<_>>()?;
+    let n_cut = cut.iter().filter(|&&c| c).count();
+    if n_cut > 0 {
+        eprintln!(
+            "{n_cut} of {} states have prompts over max_tokens = {}: scored cut to fit, but \
+             decision-worker would answer `capacity` for them, so their receipts are abstentions",
+            states.len(),
+            loaded.dm.prompter.max_tokens
         );
     }
     let show = std::io::stderr().is_terminal();
@@ -348,11 +386,11 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         schema: "decision-eval/1".into(),
         model: name.clone(),
         data: data_name.clone(),
-        split: args.split.clone(),
+        split: split.clone(),
         report: report.clone(),
         baseline: None,
     };
-    println!("{name} on {data_name} (split {}):", args.split);
+    println!("{name} on {data_name} (split {split}):");
     print!("{}", table(&report));
     // The receipts need only the model's temperatures: they are made now, and the model goes
     // before a baseline loads (two 4B models at once would hold 16 GB).
@@ -362,13 +400,10 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         let receipts: Vec<_> = states
             .iter()
             .zip(&scored)
-            .map(|(st, sc)| {
-                crate::receipts::shadow_receipt(
-                    st,
-                    &sc.probs(loaded.dm.temperature(&st.point) as f32),
-                    &name,
-                    &at,
-                )
+            .zip(&cut)
+            .map(|((st, sc), &cut)| {
+                let probs = sc.probs(loaded.dm.temperature(&st.point) as f32);
+                crate::receipts::shadow_receipt(st, (!cut).then_some(&probs[..]), &name, &at)
             })
             .collect();
         crate::receipts::write_receipts_to(staged.get(slot), &receipts)?;
@@ -384,7 +419,7 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
             schema: "decision-eval/1".into(),
             model: base.name,
             data: data_name.clone(),
-            split: args.split.clone(),
+            split: split.clone(),
             report: base_report,
             baseline: None,
         }));

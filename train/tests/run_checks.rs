@@ -78,7 +78,7 @@ fn eval_args(model: &Path, data: &Path, receipts: PathBuf, report: PathBuf) -> E
         run: None,
         model: Some(model.to_str().unwrap().to_string()),
         data: Some(data.to_path_buf()),
-        split: "all".into(),
+        split: None,
         receipts: Some(receipts),
         baseline: None,
         permutations: 0,

@@ -366,10 +366,45 @@ pub fn write_receipts<'a>(
     path: impl AsRef<Path>,
     receipts: impl IntoIterator<Item = &'a Receipt>,
 ) -> Result<u64> {
-    let path = path.as_ref();
-    match Format::from_path(path)? {
-        Format::Parquet => write_receipts_parquet(path, receipts),
-        Format::Jsonl => write_receipts_jsonl(path, receipts),
+    let mut w = ReceiptWriter::create(path)?;
+    for r in receipts {
+        w.write(r)?;
+    }
+    w.finish()
+}
+
+/// A receipts file of either format (by extension), written to a temporary file beside `path`
+/// and put in place by [`ReceiptWriter::finish`]; dropped unfinished, nothing lands. Opening it
+/// before long work finds an unwritable path before the work is done.
+pub enum ReceiptWriter {
+    Jsonl(ReceiptJsonlWriter),
+    Parquet(Box<ReceiptParquetWriter>),
+}
+
+impl ReceiptWriter {
+    pub fn create(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        Ok(match Format::from_path(path)? {
+            Format::Parquet => {
+                ReceiptWriter::Parquet(Box::new(ReceiptParquetWriter::create(path)?))
+            }
+            Format::Jsonl => ReceiptWriter::Jsonl(ReceiptJsonlWriter::create(path)?),
+        })
+    }
+
+    pub fn write(&mut self, r: &Receipt) -> Result<()> {
+        match self {
+            ReceiptWriter::Jsonl(w) => w.write(r),
+            ReceiptWriter::Parquet(w) => w.write(r),
+        }
+    }
+
+    /// Put the file in place; the number of receipts written.
+    pub fn finish(self) -> Result<u64> {
+        match self {
+            ReceiptWriter::Jsonl(w) => w.finish(),
+            ReceiptWriter::Parquet(w) => w.finish(),
+        }
     }
 }
 

@@ -54,7 +54,8 @@ impl Format {
             Some("parquet") => Ok(Format::Parquet),
             Some("jsonl") | Some("json") => Ok(Format::Jsonl),
             _ => bail!(
-                "{}: unknown format; a states file ends in .parquet, .jsonl or .json (JSON Lines)",
+                "{}: unknown format; a states or receipts file ends in .parquet, .jsonl or .json \
+                 (JSON Lines)",
                 path.display()
             ),
         }
