@@ -107,6 +107,23 @@ fn states_without_answers_are_not_measured_and_split_needs_data() {
         "{}",
         stderr(&o)
     );
+    // a state offering more options than the model labels is a bad row, named where it is
+    let wide = serde_json::json!({
+        "id": "w", "task_id": "tw", "point": "tool", "context": "c", "answer": "c1",
+        "candidates": (0..20).map(|i| serde_json::json!({"id": format!("c{i}"), "label": "x"}))
+            .collect::<Vec<_>>()
+    });
+    write(dir.path(), "wide.jsonl", &[wide.to_string()]);
+    let o = cli::decision_in(
+        dir.path(),
+        &["eval", "--model", &tiny_base(), "--data", "wide.jsonl"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("wide.jsonl row 1: candidates: 20 options; at most 16 allowed"),
+        "{}",
+        stderr(&o)
+    );
     // --split picks a split of --data: without it, eval takes a run's validation states
     let o = cli::decision_in(dir.path(), &["eval", "--run", "r", "--split", "test"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

@@ -154,9 +154,10 @@ pub fn flipped(
 }
 
 /// The states of `path` in `split` (`all` = every row). A row's split is its own `split`
-/// field, or the hash of its task id.
-pub(crate) fn states_of_split(path: &Path, split: &str) -> Result<Vec<State>> {
-    let states = crate::data_order::load_states(path, 64, None)?;
+/// field, or the hash of its task id. A row offering more than `max_options` (the model's) is
+/// a bad row, named by file, row and field.
+pub(crate) fn states_of_split(path: &Path, split: &str, max_options: usize) -> Result<Vec<State>> {
+    let states = crate::data_order::load_states(path, max_options, None)?;
     if split == "all" {
         return Ok(states);
     }

@@ -311,7 +311,10 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         (None, _) => "valid".into(),
     };
     let (states, data_name) = match (&args.data, &loaded.run) {
-        (Some(d), _) => (states_of_split(d, &split)?, d.display().to_string()),
+        (Some(d), _) => (
+            states_of_split(d, &split, loaded.dm.spec.max_options)?,
+            d.display().to_string(),
+        ),
         (None, Some(cfg)) => {
             // bad rows a skip_bad run set aside are quarantined again, but not over the run's
             // own quarantine files
