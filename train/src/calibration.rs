@@ -183,6 +183,7 @@ mod tests {
             rules: None,
             logits,
             answer,
+            truncated: false,
         }
     }
 

@@ -263,15 +263,17 @@ pub fn load_run_states(cfg: &RunConfig, run_dir: &Path) -> Result<(Vec<State>, V
             }
         }
     }
-    let unlabeled = train.iter().filter(|s| s.answer.is_none()).count();
-    train.retain(|s| s.answer.is_some());
-    if unlabeled > 0 {
-        eprintln!("{unlabeled} unlabeled training state(s) have no answer and are not trained on");
-    }
-    let unlabeled = valid.iter().filter(|s| s.answer.is_none()).count();
-    valid.retain(|s| s.answer.is_some());
-    if unlabeled > 0 {
-        eprintln!("{unlabeled} unlabeled validation state(s) have no answer and are not used");
+    // unlabelled states have nothing to learn or measure against: counted, then left out
+    for (states, what, unused) in [
+        (&mut train, "training", "trained on"),
+        (&mut valid, "validation", "used"),
+    ] {
+        let before = states.len();
+        states.retain(|s| s.answer.is_some());
+        let unlabeled = before - states.len();
+        if unlabeled > 0 {
+            eprintln!("{unlabeled} unlabeled {what} state(s) have no answer and are not {unused}");
+        }
     }
     if train.is_empty() {
         bail!("{}: no labelled training states", cfg.data.train.display());

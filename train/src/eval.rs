@@ -58,13 +58,15 @@ pub(crate) fn score_states(
     Ok(states
         .iter()
         .zip(logits)
-        .map(|(s, l)| ScoredState {
+        .zip(&encoded)
+        .map(|((s, l), e)| ScoredState {
             id: s.id.clone(),
             point: s.point.clone(),
             after_error: s.after_error,
             rules: s.rules.clone(),
             logits: l.into_iter().map(|x| x as f32).collect(),
             answer: s.answer_index().unwrap_or(usize::MAX),
+            truncated: e.truncated,
         })
         .collect())
 }

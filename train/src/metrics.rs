@@ -28,6 +28,9 @@ pub struct ScoredState {
     /// Option logits in the state's own candidate order, temperature 1.
     pub logits: Vec<f32>,
     pub answer: usize,
+    /// Its prompt was over `max_tokens` and scored cut to fit (decision-worker would answer
+    /// `capacity` instead).
+    pub truncated: bool,
 }
 
 impl ScoredState {
@@ -210,6 +213,7 @@ mod tests {
             rules: None,
             logits,
             answer,
+            truncated: false,
         }
     }
 

@@ -354,21 +354,6 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
             }
         );
     }
-    // A prompt over max_tokens is cut to score it here; the worker answers `capacity` instead,
-    // and the harness decides: such a state's receipt is an abstention.
-    let cut: Vec<bool> = states
-        .iter()
-        .map(|s| loaded.dm.encode(s).map(|e| e.truncated))
-        .collect::<Result<_>>()?;
-    let n_cut = cut.iter().filter(|&&c| c).count();
-    if n_cut > 0 {
-        eprintln!(
-            "{n_cut} of {} states have prompts over max_tokens = {}: scored cut to fit, but \
-             decision-worker would answer `capacity` for them, so their receipts are abstentions",
-            states.len(),
-            loaded.dm.prompter.max_tokens
-        );
-    }
     let show = std::io::stderr().is_terminal();
     if show {
         eprintln!(
@@ -384,6 +369,17 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         })?
     };
     let (report, scored) = evaluate_with(&loaded.dm)?;
+    // A prompt over max_tokens is cut to score it here; the worker answers `capacity` instead,
+    // and the harness decides: such a state's receipt is an abstention.
+    let n_cut = scored.iter().filter(|s| s.truncated).count();
+    if n_cut > 0 {
+        eprintln!(
+            "{n_cut} of {} states have prompts over max_tokens = {}: scored cut to fit, but \
+             decision-worker would answer `capacity` for them, so their receipts are abstentions",
+            states.len(),
+            loaded.dm.prompter.max_tokens
+        );
+    }
     let name = args.name.clone().unwrap_or_else(|| loaded.name.clone());
     let mut out = EvalReport {
         schema: "decision-eval/1".into(),
@@ -403,10 +399,14 @@ pub fn eval(args: &EvalArgs) -> Result<ExitCode> {
         let receipts: Vec<_> = states
             .iter()
             .zip(&scored)
-            .zip(&cut)
-            .map(|((st, sc), &cut)| {
+            .map(|(st, sc)| {
                 let probs = sc.probs(loaded.dm.temperature(&st.point) as f32);
-                crate::receipts::shadow_receipt(st, (!cut).then_some(&probs[..]), &name, &at)
+                crate::receipts::shadow_receipt(
+                    st,
+                    (!sc.truncated).then_some(&probs[..]),
+                    &name,
+                    &at,
+                )
             })
             .collect();
         crate::receipts::write_receipts_to(staged.get(slot), &receipts)?;

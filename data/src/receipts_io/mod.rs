@@ -95,32 +95,13 @@ impl ReadSummary {
 /// is refused); an unknown extension is an error. (The states reader's rule, see
 /// [`expand_paths`].)
 pub fn receipt_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    expand_paths(paths, RECEIPT_COLUMNS)
+    // the Parquet shape's columns, as the schema we write names them, and the JSON shape's objects
+    let schema = receipt_schema();
+    expand_paths(paths, &|c| {
+        schema.column_with_name(c).is_some()
+            || ["result", "fallback", "outcome", "shadow"].contains(&c)
+    })
 }
-
-/// The columns of a receipts file, flattened as contracts section 3 names them, in both shapes.
-const RECEIPT_COLUMNS: &[&str] = &[
-    "id",
-    "at",
-    "point",
-    "model",
-    "candidates",
-    "result",
-    "result_kind",
-    "result_id",
-    "confidence",
-    "validation",
-    "fallback",
-    "fallback_used",
-    "fallback_to",
-    "fallback_reason",
-    "outcome",
-    "outcome_status",
-    "outcome_duration_ms",
-    "outcome_retries",
-    "shadow",
-    "shadow_reference",
-];
 
 /// Feeds every byte read into a hash.
 struct Hashing<'h, R> {

@@ -482,27 +482,11 @@ fn push_value(out: &mut String, a: &dyn Array, i: usize) {
         DataType::Utf8View => push_json_string(out, a.as_string_view().value(i)),
         DataType::Null => out.push_str("null"),
         DataType::Dictionary(..) => {
+            // the row's value (quarantine only: all keys are normalised for the one row)
             let d = a.as_any_dictionary();
-            let keys = d.keys();
-            macro_rules! key {
-                ($t:ty) => {
-                    usize::try_from(keys.as_primitive::<$t>().value(i)).unwrap_or(usize::MAX)
-                };
-            }
-            let k = match keys.data_type() {
-                DataType::Int8 => key!(Int8Type),
-                DataType::Int16 => key!(Int16Type),
-                DataType::Int32 => key!(Int32Type),
-                DataType::Int64 => key!(Int64Type),
-                DataType::UInt8 => key!(UInt8Type),
-                DataType::UInt16 => key!(UInt16Type),
-                DataType::UInt32 => key!(UInt32Type),
-                _ => key!(UInt64Type),
-            };
-            if k < d.values().len() {
-                push_value(out, d.values().as_ref(), k);
-            } else {
-                out.push_str("null");
+            match d.normalized_keys().get(i) {
+                Some(&k) if k < d.values().len() => push_value(out, d.values().as_ref(), k),
+                _ => out.push_str("null"),
             }
         }
         DataType::List(_) | DataType::LargeList(_) => {

@@ -201,35 +201,21 @@ impl fmt::Display for BadRow {
 /// not Parquet at all, an I/O error), the inner one is a bad row and reading goes on.
 pub type ReadItem = Result<Result<Row<State>, BadRow>>;
 
-/// The columns of a decision-states file (contracts section 1).
-pub(crate) const STATE_COLUMNS: &[&str] = &[
-    "id",
-    "task_id",
-    "point",
-    "context",
-    "candidates",
-    "answer",
-    "teacher",
-    "after_error",
-    "rules",
-    "split",
-];
-
 /// The files behind `paths`: files as given, folders replaced by their shards (`.parquet`,
 /// `.jsonl`, `.json` files inside it or any subfolder, sorted by path so the order is the same
 /// everywhere). Hidden files and folders are skipped, and folders whose name starts with `_`
 /// (Spark's and Hive's `_temporary`, `_staging`). A partition folder (`name=value`) is read like
-/// any other, its value not: one that names a column the reader reads (`columns`, such as
+/// any other, its value not: one that names a column the reader reads (`is_column`, such as
 /// `split=train`) is an error, since its rows would be read without it. Fails on a missing path,
 /// an unknown extension or a folder with no shard.
-pub fn expand_paths(paths: &[PathBuf], columns: &[&str]) -> Result<Vec<PathBuf>> {
+pub fn expand_paths(paths: &[PathBuf], is_column: &dyn Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for path in paths {
         let meta =
             fs::metadata(path).with_context(|| format!("{}: cannot read", path.display()))?;
         if meta.is_dir() {
             let mut shards = Vec::new();
-            shards_under(path, columns, &mut shards)?;
+            shards_under(path, is_column, &mut shards)?;
             if shards.is_empty() {
                 bail!(
                     "{}: folder holds no .parquet, .jsonl or .json shard",
@@ -247,7 +233,11 @@ pub fn expand_paths(paths: &[PathBuf], columns: &[&str]) -> Result<Vec<PathBuf>>
 }
 
 /// The shards in `dir` and its subfolders, in no order.
-fn shards_under(dir: &Path, columns: &[&str], shards: &mut Vec<PathBuf>) -> Result<()> {
+fn shards_under(
+    dir: &Path,
+    is_column: &dyn Fn(&str) -> bool,
+    shards: &mut Vec<PathBuf>,
+) -> Result<()> {
     for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
         let (p, name) = (entry.path(), entry.file_name());
@@ -260,7 +250,7 @@ fn shards_under(dir: &Path, columns: &[&str], shards: &mut Vec<PathBuf>) -> Resu
                 continue;
             }
             if let Some((column, _)) = name.split_once('=')
-                && columns.contains(&column)
+                && is_column(column)
             {
                 bail!(
                     "{}: a partition folder: `{column}` is read from the files' rows, not from \
@@ -269,7 +259,7 @@ fn shards_under(dir: &Path, columns: &[&str], shards: &mut Vec<PathBuf>) -> Resu
                     p.display()
                 );
             }
-            shards_under(&p, columns, shards)?;
+            shards_under(&p, is_column, shards)?;
         } else if p.is_file() && Format::from_path(&p).is_ok() {
             shards.push(p);
         }
@@ -293,7 +283,9 @@ enum Source {
 impl StateReader {
     /// Checks that every path exists and has a known format; opens nothing yet.
     pub fn open(paths: &[PathBuf]) -> Result<StateReader> {
-        let files = expand_paths(paths, STATE_COLUMNS)?;
+        // the contract's columns, as the schema we write names them
+        let schema = self::arrow::state_schema();
+        let files = expand_paths(paths, &|c| schema.column_with_name(c).is_some())?;
         Ok(StateReader {
             pending: files.iter().cloned().collect(),
             current: None,
